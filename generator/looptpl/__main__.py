@@ -1,0 +1,5 @@
+"""`python -m looptpl` runs the CLI."""
+
+from looptpl.cli import main
+
+main()

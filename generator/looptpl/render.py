@@ -1,0 +1,100 @@
+"""Render the template into a new project: into a temporary folder first, then moved into place.
+
+Nothing appears at DEST unless rendering (and `git init`) succeeded, so a failure leaves no
+half-written project behind.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from looptpl.errors import LooptplError
+from looptpl.template_source import is_git_checkout, template_root
+from looptpl.validation import check_destination, nearest_existing_parent
+
+# Used only where git has no identity configured, so the first commit never fails for lack of one.
+FALLBACK_IDENTITY = ("-c", "user.name=looptpl", "-c", "user.email=looptpl@localhost")
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    destination: Path
+    answers: Mapping[str, Any]
+    interactive: bool
+    git: bool
+    dry_run: bool
+
+
+def render_project(request: RenderRequest) -> list[str]:
+    """Render the project and return its files (relative paths); with dry_run nothing is kept."""
+    check_destination(request.destination)
+    if request.git and not request.dry_run and shutil.which("git") is None:
+        raise LooptplError("git is not installed; install git or pass --no-git")
+    parent = nearest_existing_parent(request.destination)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".looptpl-", dir=parent))
+    except OSError as error:
+        raise LooptplError(f"cannot write to {parent} ({error.strerror}); choose a folder you can write to") from None
+    try:
+        # Render under the final folder name: the template uses it as the default project name.
+        staged_project = staging / request.destination.name
+        _copier_copy(staged_project, request.answers, request.interactive)
+        files = sorted(str(path.relative_to(staged_project)) for path in staged_project.rglob("*") if path.is_file())
+        if request.dry_run:
+            return files
+        if request.git:
+            _git_init_and_commit(staged_project)
+        request.destination.parent.mkdir(parents=True, exist_ok=True)
+        if request.destination.is_dir():
+            request.destination.rmdir()  # empty, checked above
+        os.replace(staged_project, request.destination)
+        return files
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _copier_copy(destination: Path, answers: Mapping[str, Any], interactive: bool) -> None:
+    import copier  # imported here: it is slow to import and `looptpl --help` does not need it
+    from copier.errors import CopierError
+
+    root = template_root()
+    try:
+        with warnings.catch_warnings():
+            # Copier warns when a development checkout has uncommitted changes; that is expected there.
+            warnings.simplefilter("ignore")
+            copier.run_copy(
+                str(root),
+                destination,
+                data=dict(answers),
+                defaults=not interactive,
+                # In a checkout, render the working tree rather than the newest tag.
+                vcs_ref="HEAD" if is_git_checkout(root) else None,
+                quiet=True,
+                cleanup_on_error=True,
+            )
+    except CopierError as error:
+        raise LooptplError(f"the template could not be rendered: {error}", exit_code=1) from None
+    except KeyboardInterrupt:
+        raise LooptplError("cancelled; nothing was written", exit_code=130) from None
+
+
+def _git_init_and_commit(project: Path) -> None:
+    """Make the project a git repository with one commit, so `copier update` can merge later."""
+    configured = subprocess.run(["git", "config", "user.email"], cwd=project, capture_output=True).returncode == 0
+    identity = () if configured else FALLBACK_IDENTITY
+    commands = (
+        ["git", "init", "--quiet", "--initial-branch", "main"],
+        ["git", "add", "--all"],
+        ["git", *identity, "commit", "--quiet", "--no-verify", "-m", "Generate project with looptpl"],
+    )
+    for command in commands:
+        result = subprocess.run(command, cwd=project, capture_output=True, text=True)
+        if result.returncode != 0:
+            detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output"
+            raise LooptplError(f"`{' '.join(command)}` failed ({detail}); pass --no-git to skip git", exit_code=1)

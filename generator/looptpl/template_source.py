@@ -1,0 +1,20 @@
+"""Where the Copier template lives: inside the installed package, or at the root of a checkout."""
+
+from pathlib import Path
+
+from looptpl.errors import LooptplError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def template_root() -> Path:
+    """The folder holding copier.yml and templates/."""
+    for candidate in (PACKAGE_DIR / "_template", PACKAGE_DIR.parents[1]):
+        if (candidate / "copier.yml").is_file() and (candidate / "templates").is_dir():
+            return candidate
+    raise LooptplError("the looptpl template is missing from this installation; reinstall looptpl", exit_code=1)
+
+
+def is_git_checkout(root: Path) -> bool:
+    """A checkout of the looptpl repository (development), rather than an installed copy."""
+    return (root / ".git").exists()

@@ -1,0 +1,78 @@
+"""The backends and strategies looptpl can generate, and what each is for."""
+
+from dataclasses import dataclass
+
+from looptpl.errors import LooptplError
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One backend/strategy pair."""
+
+    backend: str
+    strategy: str
+    when: str
+    launch: str
+    available: bool = True
+
+
+VARIANTS = (
+    Variant("torch", "single", "One process on one CPU or GPU; the simplest loop.", "python -m PKG.train"),
+    Variant(
+        "torch",
+        "ddp",
+        "DistributedDataParallel: one process per GPU, one or many nodes; the model fits on one GPU.",
+        "torchrun --standalone --nproc-per-node N -m PKG.train",
+    ),
+    Variant(
+        "torch",
+        "fsdp",
+        "FSDP2: shards parameters, gradients and optimizer state; the model is too big for one GPU.",
+        "torchrun --standalone --nproc-per-node N -m PKG.train",
+    ),
+    Variant(
+        "tensorflow",
+        "one-device",
+        "OneDeviceStrategy: one CPU or GPU.",
+        "python -m PKG.train",
+        available=False,
+    ),
+    Variant(
+        "tensorflow",
+        "mirrored",
+        "MirroredStrategy: every GPU of one machine (or N logical CPU devices).",
+        "python -m PKG.train",
+        available=False,
+    ),
+    Variant(
+        "tensorflow",
+        "multi-worker",
+        "MultiWorkerMirroredStrategy: several machines, each given TF_CONFIG.",
+        "python -m PKG.launch --workers N",
+        available=False,
+    ),
+)
+
+BACKENDS = tuple(dict.fromkeys(variant.backend for variant in VARIANTS))
+
+
+def strategies(backend: str) -> list[str]:
+    return [variant.strategy for variant in VARIANTS if variant.backend == backend]
+
+
+def find_variant(backend: str, strategy: str) -> Variant:
+    """The variant for these flags, or an error that names the valid choices."""
+    if backend not in BACKENDS:
+        raise LooptplError(f"--backend {backend} is not supported; choose one of: {', '.join(BACKENDS)}")
+    for variant in VARIANTS:
+        if variant.backend == backend and variant.strategy == strategy:
+            if not variant.available:
+                ready = [v.strategy for v in VARIANTS if v.backend == backend and v.available]
+                hint = f"choose one of: {', '.join(ready)}" if ready else "use --backend torch for now"
+                raise LooptplError(f"--strategy {strategy} for --backend {backend} is not available yet; {hint}")
+            return variant
+    owner = next((v.backend for v in VARIANTS if v.strategy == strategy), None)
+    problem = f"is a {owner} strategy" if owner else "is not a known strategy"
+    raise LooptplError(
+        f"--strategy {strategy} {problem}; with --backend {backend} choose one of: {', '.join(strategies(backend))}"
+    )
