@@ -21,13 +21,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from . import distributed
 from .distributed import Runtime
+from .errors import CheckpointError
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 FULL = StateDictOptions(full_state_dict=True)
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where one was expected."""
 
 
 def rng_state(runtime: Runtime) -> dict[str, Any]:

@@ -11,9 +11,13 @@ collective); the engine masks the padding out, so every sample counts exactly on
 """
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .config import TrainConfig
+from .errors import DataError
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -73,3 +77,57 @@ class EvalShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+@dataclass
+class Loaders:
+    """This rank's data loaders, and the sampler that drives training."""
+
+    train: DataLoader
+    train_sampler: GlobalBatchSampler
+    val: DataLoader
+    test: DataLoader
+
+
+def build_loaders(
+    datasets: tuple[Dataset, Dataset, Dataset], config: TrainConfig, rank: int, world_size: int, pin_memory: bool
+) -> Loaders:
+    """Wrap data.py's datasets in loaders that give this rank its share of each split."""
+    train_set, val_set, test_set = datasets
+    train_sampler = GlobalBatchSampler(
+        split_size(train_set, "train"), config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed
+    )
+    if train_sampler.updates_per_epoch == 0:
+        raise DataError(
+            f"data.py: the train set has {len(train_set)} samples, too few for one update split over "  # type: ignore[arg-type]
+            f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
+        )
+    options = {
+        "num_workers": config.num_workers,
+        "pin_memory": pin_memory,
+        "persistent_workers": config.num_workers > 0,
+    }
+    return Loaders(
+        train=DataLoader(train_set, batch_sampler=train_sampler, **options),
+        train_sampler=train_sampler,
+        **{
+            split: DataLoader(
+                dataset,
+                batch_size=config.eval_batch_size,
+                sampler=EvalShardSampler(split_size(dataset, split), rank, world_size),
+                **options,
+            )
+            for split, dataset in (("val", val_set), ("test", test_set))
+        },
+    )
+
+
+def split_size(dataset: Dataset, split: str) -> int:
+    """Length of a split, with a clear error when data.py returned something unusable."""
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise DataError(f"data.py: the {split} dataset must be a map-style Dataset with a length") from None
+    if size == 0:
+        raise DataError(f"data.py: the {split} dataset is empty")
+    return size

@@ -1,0 +1,131 @@
+"""Render every available variant, lint it, train it, and run the project's own test suite."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO_ROOT, looptpl, run
+
+from looptpl.variants import VARIANTS
+
+AVAILABLE = [variant for variant in VARIANTS if variant.available]
+TORCH_STRATEGIES = [variant.strategy for variant in AVAILABLE if variant.backend == "torch"]
+
+
+@pytest.fixture(scope="module")
+def projects(tmp_path_factory) -> dict[str, Path]:
+    """One rendered project per available variant, named after its strategy."""
+    root = tmp_path_factory.mktemp("projects")
+    rendered = {}
+    for variant in AVAILABLE:
+        name = variant.strategy.replace("-", "_")
+        destination = root / name
+        result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
+        assert result.exit_code == 0, result.stderr
+        rendered[variant.strategy] = destination
+    return rendered
+
+
+def package_of(project: Path) -> str:
+    return project.name
+
+
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+def test_rendered_project_is_lint_clean_and_has_no_template_leftovers(projects, strategy):
+    project = projects[strategy]
+    for path in project.rglob("*"):
+        if path.is_file() and ".git" not in path.parts:
+            text = path.read_text()
+            assert "{{" not in text and "{%" not in text, path
+            assert len(text.splitlines()) <= 300, f"{path} is longer than 300 lines"
+    for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
+        result = run([sys.executable, "-m", *command], cwd=project, timeout=120)
+        assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+def test_todos_live_only_in_user_files(projects, strategy):
+    package = projects[strategy] / "src" / package_of(projects[strategy])
+    user_files = {"data.py", "model.py", "loss.py", "metrics.py", "optim.py"}
+    with_todos = {path.name for path in package.glob("*.py") if "TODO" in path.read_text()}
+    assert with_todos == user_files
+    for path in package.glob("*.py"):
+        if path.name not in user_files | {"__init__.py"}:
+            assert "Managed by the looptpl template" in path.read_text().split('"""')[1], path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+def test_generated_project_passes_its_own_tests(projects, strategy):
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=projects[strategy], timeout=1200)
+    assert result.returncode == 0, result.stdout[-8000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    module = ["-m", f"{package_of(project)}.train", "--run-dir", str(run_dir), "--no-progress", "--device", "cpu"]
+    launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    if ranks > 1:
+        launcher.append(f"--nproc-per-node={ranks}")
+    result = run([*launcher, *module, *flags], cwd=project, timeout=600, env={"PYTHONPATH": str(project / "src")})
+    assert result.returncode == 0, result.stdout[-8000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("single" not in TORCH_STRATEGIES, reason="needs the single variant as reference")
+def test_torch_strategies_on_two_ranks_match_single(projects, tmp_path):
+    """ddp and fsdp on 2 CPU ranks end with the weights of the single-process project."""
+    train(projects["single"], tmp_path / "single", "--epochs", "2")
+    reference = torch.load(tmp_path / "single" / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
+    for strategy in ("ddp", "fsdp"):
+        if strategy not in projects:
+            continue
+        train(projects[strategy], tmp_path / strategy, "--epochs", "2", "--grad-accum-steps", "2", ranks=2)
+        weights = torch.load(tmp_path / strategy / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
+        assert weights.keys() == reference.keys()
+        for name, tensor in reference.items():
+            torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=1e-5, msg=f"{strategy} {name}")
+
+
+def test_rendering_is_deterministic(tmp_path):
+    for copy in ("first", "second"):
+        result = looptpl("new", str(tmp_path / copy / "proj"), "--strategy", "ddp", "--backend", "torch", "--no-git")
+        assert result.exit_code == 0, result.stderr
+    first, second = tmp_path / "first" / "proj", tmp_path / "second" / "proj"
+    files = sorted(path.relative_to(first) for path in first.rglob("*") if path.is_file())
+    assert files == sorted(path.relative_to(second) for path in second.rglob("*") if path.is_file())
+    for path in files:
+        assert (first / path).read_bytes() == (second / path).read_bytes(), path
+
+
+def test_plain_copier_copy_from_a_git_checkout(tmp_path):
+    """`copier copy` works on a git checkout of this repository, without looptpl."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(REPO_ROOT / "copier.yml", checkout)
+    shutil.copytree(REPO_ROOT / "templates", checkout / "templates")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "template"]):
+        subprocess.run(command, cwd=checkout, check=True, env=GIT_ENV)
+    subprocess.run(["git", "tag", "v0.1.0"], cwd=checkout, check=True)
+    result = run(
+        [sys.executable, "-m", "copier", "copy", "--defaults", "-d", "project_name=plain", "-d", "strategy=ddp",
+         str(checkout), str(tmp_path / "plain")],
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout
+    answers = (tmp_path / "plain" / ".copier-answers.yml").read_text()
+    assert "_commit: v0.1.0" in answers
+    assert (tmp_path / "plain" / "src" / "plain" / "distributed.py").is_file()
+
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@localhost",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@localhost",
+    "PATH": __import__("os").environ["PATH"],
+}
