@@ -26,7 +26,9 @@ class CliResult:
         self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
 
 
-def run(command: list[str], cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    command: list[str], cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a command to completion; kill its whole process group if it outlives `timeout`."""
     process = subprocess.Popen(
         command,

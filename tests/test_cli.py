@@ -89,7 +89,10 @@ def test_paths_with_spaces_and_non_ascii_characters(tmp_path):
 
 BAD_INPUTS = {
     "unknown backend": (["--backend", "jax"], "--backend jax is not supported"),
-    "foreign strategy": (["--backend", "torch", "--strategy", "mirrored"], "--strategy mirrored is a tensorflow strategy"),
+    "foreign strategy": (
+        ["--backend", "torch", "--strategy", "mirrored"],
+        "--strategy mirrored is a tensorflow strategy",
+    ),
     "unknown strategy": (["--backend", "torch", "--strategy", "zero3"], "--strategy zero3 is not a known strategy"),
     "name not an identifier": (["--name", "9lives"], "is not a valid project name"),
     "name with a path": (["--name", "../escape"], "is not a valid project name"),
