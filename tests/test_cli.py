@@ -171,3 +171,26 @@ def test_bad_input_as_a_subprocess_has_no_traceback(tmp_path):
     result = run([sys.executable, "-m", "looptpl", "new", str(tmp_path / "p"), "--backend", "jax"], cwd=tmp_path)
     assert result.returncode == 2
     assert result.stdout.strip() == "error: --backend jax is not supported; choose one of: torch, tensorflow"
+
+
+def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
+    project = tmp_path / "proj"
+    assert looptpl("new", str(project), "--no-git").exit_code == 0
+    result = looptpl("todo", str(project))
+    assert result.exit_code == 1
+    listed = result.stdout.splitlines()
+    assert any(line.startswith("src/proj/data.py:") and "load your data" in line for line in listed)
+    assert {line.split(":")[0] for line in listed} == {
+        f"src/proj/{name}.py" for name in ("data", "model", "loss", "metrics", "optim")
+    }
+    for path in (project / "src" / "proj").glob("*.py"):
+        path.write_text(path.read_text().replace("# TODO(", "# Done("))
+    result = looptpl("todo", str(project))
+    assert result.exit_code == 0
+    assert "No TODOs left." in result.stdout
+
+
+def test_todo_outside_a_project_is_a_clear_error(tmp_path):
+    result = looptpl("todo", str(tmp_path))
+    assert result.exit_code == 2
+    assert "is not a looptpl project" in result.stderr

@@ -162,6 +162,23 @@ def list_variants() -> None:
     Console().print(table)
 
 
+@app.command()
+@reports_errors
+def todo(
+    path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
+) -> None:
+    """List the TODOs still to fill in a generated project; exit with 1 while any remain (for CI)."""
+    from looptpl.todos import find_todos
+
+    todos = find_todos(path)
+    for item in todos:
+        typer.echo(f"{item.path}:{item.line}: {item.text}")
+    if todos:
+        typer.echo(f"{len(todos)} TODOs left.", err=True)
+        raise typer.Exit(1)
+    typer.echo("No TODOs left.")
+
+
 def main() -> None:
     """Entry point of the `looptpl` script."""
     app(prog_name="looptpl")
