@@ -10,6 +10,7 @@ sample so every rank runs the same number of batches (FSDP needs that: each forw
 collective); the engine masks the padding out, so every sample counts exactly once.
 """
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -102,23 +103,19 @@ def build_loaders(
             f"data.py: the train set has {len(train_set)} samples, too few for one update split over "  # type: ignore[arg-type]
             f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
         )
-    options = {
-        "num_workers": config.num_workers,
-        "pin_memory": pin_memory,
-        "persistent_workers": config.num_workers > 0,
-    }
+    make_loader = functools.partial(
+        DataLoader, num_workers=config.num_workers, pin_memory=pin_memory, persistent_workers=config.num_workers > 0
+    )
+
+    def eval_loader(dataset: Dataset, split: str) -> DataLoader:
+        sampler = EvalShardSampler(split_size(dataset, split), rank, world_size)
+        return make_loader(dataset, batch_size=config.eval_batch_size, sampler=sampler)
+
     return Loaders(
-        train=DataLoader(train_set, batch_sampler=train_sampler, **options),
+        train=make_loader(train_set, batch_sampler=train_sampler),
         train_sampler=train_sampler,
-        **{
-            split: DataLoader(
-                dataset,
-                batch_size=config.eval_batch_size,
-                sampler=EvalShardSampler(split_size(dataset, split), rank, world_size),
-                **options,
-            )
-            for split, dataset in (("val", val_set), ("test", test_set))
-        },
+        val=eval_loader(val_set, "val"),
+        test=eval_loader(test_set, "test"),
     )
 
 
