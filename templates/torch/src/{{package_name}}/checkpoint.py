@@ -7,6 +7,7 @@ loaded with `weights_only=True`: a checkpoint can hold tensors and plain data, n
 
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ class Checkpointer:
         """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
         model_state, optimizer_state = get_state_dict(model, optimizer, options=FULL_ON_RANK0)
         rng_states = distributed.all_gather_objects(rng_state(self.runtime))
+        problem = ""
         if self.runtime.is_main:
             payload = {
                 **state,
@@ -65,22 +67,40 @@ class Checkpointer:
                 "world_size": self.runtime.world_size,
             }
             path = self.directory / f"epoch-{epoch:04d}.pt"
-            _atomic_save(payload, path)
-            if is_best:
-                _atomic_link(path, self.directory / "best.pt")
-            for old in self.epoch_files()[: -self.keep]:
-                old.unlink()
-        distributed.barrier()  # no rank reads a checkpoint before rank 0 has finished it
+            try:
+                _atomic_save(payload, path)
+            except OSError as error:
+                problem = f"could not write {path} ({error.strerror}); older checkpoints are intact, free some space"
+            else:
+                if is_best:
+                    _atomic_link(path, self.directory / "best.pt")
+                for old in self.epoch_files()[: -self.keep]:
+                    old.unlink()
+        # Doubles as a barrier: no rank goes on (or reads a checkpoint) before rank 0 has finished writing.
+        if distributed.agree(bool(problem)):
+            raise CheckpointError(problem or "rank 0 could not write a checkpoint; see its log")
+
+    def check_free_space(self, model: nn.Module) -> None:
+        """Fail before training, not at hour 40, when the run directory cannot hold the checkpoints."""
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Weights plus two optimizer moments, for each kept checkpoint, the best one and one being written.
+        needed = 3 * weights * (self.keep + 2)
+        free = shutil.disk_usage(self.directory.parent).free if self.runtime.is_main else needed
+        if distributed.agree(free < needed):
+            raise CheckpointError(
+                f"{self.directory.parent} has {free / 2**20:.0f} MiB free, checkpoints need about "
+                f"{needed / 2**20:.0f} MiB; free some space or lower --keep-checkpoints"
+            )
 
     def epoch_files(self) -> list[Path]:
         """Epoch checkpoints, oldest first."""
         return sorted(self.directory.glob("epoch-*.pt"))
 
-    def load_latest(self) -> dict[str, Any]:
+    def load_latest(self) -> tuple[Path, dict[str, Any]]:
         """The newest readable epoch checkpoint; a damaged file is reported and skipped."""
         for path in reversed(self.epoch_files()):
             try:
-                return self.read(path)
+                return path, self.read(path)
             except Exception as error:  # a truncated or corrupt file: fall back to an older one
                 if self.runtime.is_main:
                     print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
@@ -91,15 +111,24 @@ class Checkpointer:
     def read(self, path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
 
-    def restore(self, checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def restore(
+        self, path: Path, checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
         """Load weights, optimizer state and this rank's RNG state from a checkpoint."""
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=checkpoint["model"],
-            optim_state_dict=checkpoint["optimizer"],
-            options=FULL,
-        )
+        try:
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=checkpoint["model"],
+                optim_state_dict=checkpoint["optimizer"],
+                options=FULL,
+            )
+        except (RuntimeError, KeyError, ValueError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CheckpointError(
+                f"{path} does not fit the model and optimizer built by model.py and optim.py ({first_line}); "
+                "resume with the code that wrote it, or start a new --run-dir"
+            ) from None
         if checkpoint["world_size"] == self.runtime.world_size:
             set_rng_state(checkpoint["rng"][self.runtime.rank], self.runtime)
         elif self.runtime.is_main:
@@ -118,11 +147,14 @@ def _atomic_save(payload: dict[str, Any], path: Path) -> None:
     """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as file:
-        torch.save(payload, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with temporary.open("wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)  # after a failure, leave no partial file behind
 
 
 def _atomic_link(source: Path, target: Path) -> None:
