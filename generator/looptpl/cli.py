@@ -10,6 +10,7 @@ import typer
 
 from looptpl import __version__
 from looptpl.errors import LooptplError
+from looptpl.update import Conflict, Outcome
 
 app = typer.Typer(
     help="Generate a readable PyTorch or TensorFlow training loop that you own, then keep it up to date.",
@@ -177,6 +178,80 @@ def todo(
         typer.echo(f"{len(todos)} TODOs left.", err=True)
         raise typer.Exit(1)
     typer.echo("No TODOs left.")
+
+
+@app.command()
+@reports_errors
+def update(
+    path: Annotated[
+        Path, typer.Argument(help="The generated project's folder; a git repository with no uncommitted changes.")
+    ] = Path("."),
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the files the update would change and any conflicts; change nothing."),
+    ] = False,
+    conflict: Annotated[
+        Conflict,
+        typer.Option(
+            help="Where a template change that clashes with your edit goes: inline conflict markers in the file, "
+            "or a .rej file beside it."
+        ),
+    ] = Conflict.inline,
+) -> None:
+    """Merge the installed looptpl's template into a project, keeping your edits; exit 1 if files need attention."""
+    from rich.console import Console
+
+    from looptpl.update import Status, update_project
+
+    with Console(stderr=True).status(f"Updating {path}: rendering the old and the new template, merging..."):
+        outcome = update_project(path, conflict, dry_run)
+    if outcome.plan.status is Status.CURRENT:
+        typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
+        return
+    report_update(path, outcome, conflict, dry_run)
+    if outcome.conflicts and not dry_run:
+        typer.echo(f"{len(outcome.conflicts)} file(s) need attention: {', '.join(outcome.conflicts)}", err=True)
+        raise typer.Exit(1)
+
+
+def report_update(path: Path, outcome: Outcome, conflict: Conflict, dry_run: bool) -> None:
+    """List the changed files, the ones that clash with the user's edits, and what to do next."""
+    action = "Would update" if dry_run else "Updated"
+    typer.echo(f"{action} {path} from template {outcome.plan.current} to {outcome.plan.template.label}:")
+    typer.echo("\n".join(f"  {line}" for line in outcome.changed) or "  (no file changes)")
+    inline = conflict is Conflict.inline
+    if outcome.conflicts:
+        where = "has conflict markers (<<<<<<< / >>>>>>>)" if inline else "has a .rej file beside it"
+        typer.echo(f"Your edits clash with the template here; each file {where}:")
+        typer.echo("\n".join(f"  {name}" for name in outcome.conflicts))
+    if dry_run:
+        typer.echo(f"Nothing was changed. Run `looptpl update {path}` to apply.")
+    elif outcome.conflicts:
+        fix = "keep what you need and delete the markers" if inline else "apply each .rej by hand, then delete it"
+        typer.echo(f"Resolve them ({fix}), review with `git diff`, then commit.")
+    else:
+        typer.echo("Review with `git diff`, then commit (or undo it with `git reset --hard && git clean -fd`).")
+
+
+@app.command()
+@reports_errors
+def check(
+    path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
+) -> None:
+    """Tell whether this looptpl has a newer template than a project; exit 1 when the two differ (for CI)."""
+    from looptpl.update import Status, plan_update
+
+    plan = plan_update(path)
+    ours = f"this looptpl's template ({plan.template.label})"
+    if plan.status is Status.CURRENT:
+        typer.echo(f"{path} is up to date with {ours}.")
+        return
+    if plan.status is Status.AVAILABLE:
+        typer.echo(f"{path} uses template {plan.current}; {ours} is newer.")
+        typer.echo(f"Run `looptpl update {path}` to merge it (add --dry-run to preview).")
+    else:
+        typer.echo(f"{path} uses template {plan.current}, newer than {ours}; upgrade looptpl to update it.")
+    raise typer.Exit(1)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from looptpl.errors import LooptplError
-from looptpl.template_source import is_git_checkout, template_root
+from looptpl.store import installed_template
 from looptpl.validation import check_destination, nearest_existing_parent
 
 # Used only where git has no identity configured, so the first commit never fails for lack of one.
@@ -63,18 +63,18 @@ def _copier_copy(destination: Path, answers: Mapping[str, Any], interactive: boo
     import copier  # imported here: it is slow to import and `looptpl --help` does not need it
     from copier.errors import CopierError
 
-    root = template_root()
+    # Installed: the template's tag in the per-user store; in a checkout: its working tree.
+    template = installed_template()
     try:
         with warnings.catch_warnings():
             # Copier warns when a development checkout has uncommitted changes; that is expected there.
             warnings.simplefilter("ignore")
             copier.run_copy(
-                str(root),
+                template.url,
                 destination,
                 data=dict(answers),
                 defaults=not interactive,
-                # In a checkout, render the working tree rather than the newest tag.
-                vcs_ref="HEAD" if is_git_checkout(root) else None,
+                vcs_ref=template.ref,
                 quiet=True,
                 cleanup_on_error=True,
             )

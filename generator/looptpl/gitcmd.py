@@ -1,0 +1,38 @@
+"""Run git and turn its failures into one-line LooptplErrors."""
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from looptpl.errors import LooptplError
+
+
+def require_git(why: str) -> None:
+    """Fail early, with the reason git is needed, when it is not installed."""
+    if shutil.which("git") is None:
+        raise LooptplError(f"git is not installed; {why} (install git)", exit_code=1)
+
+
+def git(*args: str, cwd: Path, env: Mapping[str, str] | None = None, check: bool = True) -> str:
+    """Run `git ARGS` in `cwd` and return its stdout; with check, a failure raises a LooptplError."""
+    result = subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env} if env else None,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        detail = lines[-1] if lines else f"exit code {result.returncode}"
+        raise LooptplError(f"`git {' '.join(args)}` failed in {cwd} ({detail})", exit_code=1)
+    return result.stdout
+
+
+def succeeds(*args: str, cwd: Path) -> bool:
+    """Whether `git ARGS` exits with 0 (for yes/no questions such as "is this a known ref?")."""
+    result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, stdin=subprocess.DEVNULL)
+    return result.returncode == 0

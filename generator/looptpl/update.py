@@ -1,0 +1,241 @@
+"""Merge the installed looptpl's template into a generated project, keeping every user edit.
+
+Copier does the merge: it renders the template version the project records (`_commit`) and the
+new one, then replays the user's changes (old render -> project) onto the new render; clashing
+hunks get conflict markers or `.rej` files. This module decides what "new" is, refuses what cannot
+merge safely before anything is touched, runs copier, and reports the files that need attention.
+"""
+
+import re
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from looptpl.errors import LooptplError
+from looptpl.gitcmd import git, require_git, succeeds
+from looptpl.store import TemplateRef, has_tag, installed_template
+
+ANSWERS = ".copier-answers.yml"
+REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
+MARKERS = ("<<<<<<< ", ">>>>>>> ")
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "looptpl",
+    "GIT_AUTHOR_EMAIL": "looptpl@localhost",
+    "GIT_COMMITTER_NAME": "looptpl",
+    "GIT_COMMITTER_EMAIL": "looptpl@localhost",
+}
+
+
+class Conflict(str, Enum):
+    """How a template change that clashes with a user edit is left for the user."""
+
+    inline = "inline"
+    rej = "rej"
+
+
+class Status(Enum):
+    CURRENT = "current"
+    AVAILABLE = "available"
+    NEWER = "newer"  # the project's template is newer than this looptpl's
+
+
+@dataclass(frozen=True)
+class Plan:
+    project: Path
+    template: TemplateRef
+    current: str  # the project's template version (`_commit`)
+    status: Status
+
+
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    changed: list[str] = field(default_factory=list)  # `git status` lines, e.g. "M  src/pkg/engine.py"
+    conflicts: list[str] = field(default_factory=list)  # files with conflict markers, or with a `.rej` beside them
+
+
+def plan_update(project: Path) -> Plan:
+    """Compare the project's template version with this looptpl's; errors name what blocks an update."""
+    answers = read_answers(project)
+    source, current = answers.get("_src_path"), answers.get("_commit")
+    if not isinstance(source, str) or not isinstance(current, str):
+        raise LooptplError(
+            f"{project / ANSWERS} records no template version (_commit), so there is nothing to merge from; if you "
+            "know the looptpl version X that generated it, add `_commit: vX` to it, commit, and retry"
+        )
+    template = installed_template()
+    if not _same_folder(source, project, template.path):
+        raise LooptplError(
+            f"{project} follows the template at {source}, not this looptpl's ({template.url}); run `copier update` "
+            "in it instead"
+        )
+    status = _checkout_status(template, current) if template.checkout else _store_status(template, current)
+    return Plan(project, template, current, status)
+
+
+def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run: bool = False) -> Outcome:
+    """Update the project in place (or, with dry_run, a throwaway clone of it) and report the result."""
+    read_answers(project)
+    top = _check_repository(project)
+    plan = plan_update(project)
+    if plan.status is Status.NEWER:
+        fix = f"check out a newer commit in {plan.template.url}" if plan.template.checkout else "pip install -U looptpl"
+        raise LooptplError(
+            f"{project} uses template {plan.current}, newer than this looptpl's {plan.template.label}; downgrades are "
+            f"not supported: upgrade looptpl ({fix})"
+        )
+    if plan.status is Status.CURRENT:
+        return Outcome(plan)
+    if dry_run:
+        with tempfile.TemporaryDirectory(prefix="looptpl-dry-run-") as scratch:
+            git("clone", "--quiet", "--", str(top), scratch, cwd=top)
+            copy = Path(scratch) / project.resolve().relative_to(top.resolve())
+            _run_copier(copy, plan.template.ref, conflict)
+            return _outcome(plan, copy)
+    try:
+        _run_copier(project, plan.template.ref, conflict)
+    except BaseException:
+        # The tree was clean before: putting back HEAD undoes the partial update exactly.
+        git("reset", "--hard", "--quiet", "HEAD", cwd=top)
+        git("clean", "-d", "--force", "--quiet", cwd=top)
+        raise
+    return _outcome(plan, project)
+
+
+def read_answers(project: Path) -> dict[str, Any]:
+    """The project's `.copier-answers.yml`, or an error saying this is not a generated project."""
+    if not project.is_dir():
+        raise LooptplError(f"{project} is not a folder; pass the generated project's folder")
+    path = project / ANSWERS
+    if not path.is_file():
+        raise LooptplError(f"{project} is not a looptpl project (no {ANSWERS}); pass the generated project's folder")
+    try:
+        answers = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise LooptplError(f"{path} is not valid YAML ({error}); restore it with `git checkout -- {ANSWERS}`") from None
+    if not isinstance(answers, dict):
+        raise LooptplError(f"{path} holds no answers; restore it with `git checkout -- {ANSWERS}`")
+    return answers
+
+
+def _same_folder(source: str, project: Path, folder: Path) -> bool:
+    path = Path(source).expanduser()
+    return (path if path.is_absolute() else project / path).resolve() == folder.resolve()
+
+
+def _store_status(template: TemplateRef, current: str) -> Status:
+    new, old = Version(template.ref), _version(current)
+    if old is None:
+        raise LooptplError(
+            f"template version {current!r} is not a looptpl release tag; update this project with `copier update` "
+            "from the template it was generated from"
+        )
+    if old > new:
+        return Status.NEWER
+    if not has_tag(template.path, current):
+        raise LooptplError(
+            f"template {current} is not in the template store {template.path}: install looptpl=={old} once (e.g. in "
+            "a throwaway venv) and run its `looptpl check` to store it, then retry"
+        )
+    return Status.CURRENT if old == new else Status.AVAILABLE
+
+
+def _checkout_status(template: TemplateRef, current: str) -> Status:
+    root = template.path
+    if not REF.match(current) or not succeeds("rev-parse", "--verify", "--quiet", f"{current}^{{commit}}", cwd=root):
+        raise LooptplError(
+            f"template version {current!r} is not a commit of the checkout {root}; fetch it (git fetch --tags) or "
+            "check out the commit the project was generated from"
+        )
+    old = git("rev-parse", f"{current}^{{commit}}", cwd=root).strip()
+    if old == git("rev-parse", "HEAD", cwd=root).strip():
+        return Status.CURRENT
+    return Status.AVAILABLE if succeeds("merge-base", "--is-ancestor", old, "HEAD", cwd=root) else Status.NEWER
+
+
+def _version(tag: str) -> Version | None:
+    try:
+        return Version(tag)  # PEP 440 allows the leading "v" of our tags
+    except InvalidVersion:
+        return None
+
+
+def _check_repository(project: Path) -> Path:
+    """The top of the project's git repository, which must have a commit and no uncommitted changes."""
+    require_git("updates merge through git")
+    if not succeeds("rev-parse", "--show-toplevel", cwd=project):
+        raise LooptplError(
+            f"{project} is not a git repository; run `git init && git add --all && git commit -m Generate` in it "
+            "first, so the update can be reviewed and undone"
+        )
+    if not succeeds("rev-parse", "--verify", "--quiet", "HEAD", cwd=project):
+        raise LooptplError(f"{project} has no commit yet; commit the generated files first (git add -A && git commit)")
+    dirty = [line[3:] for line in git("status", "--porcelain", cwd=project).splitlines()]
+    if dirty:
+        shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
+        raise LooptplError(
+            f"{project} has uncommitted changes ({shown}); commit or stash them first, so the update can be reviewed "
+            "and undone"
+        )
+    return Path(git("rev-parse", "--show-toplevel", cwd=project).strip())
+
+
+def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
+    import copier  # slow to import; only updates need it
+    from copier.errors import CopierError
+    from plumbum import local  # copier runs git through plumbum, whose environment is set here
+
+    # Copier commits in scratch repositories; give git an identity where none is configured.
+    known = all(succeeds("var", name, cwd=project) for name in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"))
+    identity = {} if known else IDENTITY
+    try:
+        with warnings.catch_warnings(), local.env(**identity):
+            warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
+            copier.run_update(
+                project,
+                vcs_ref=ref,
+                defaults=True,
+                overwrite=True,
+                skip_answered=True,
+                conflict=conflict.value,
+                quiet=True,
+            )
+    except CopierError as error:
+        raise LooptplError(f"the template could not be merged ({error}); nothing was changed", exit_code=1) from None
+    except KeyboardInterrupt:
+        raise LooptplError("cancelled; the project was left as it was", exit_code=130) from None
+
+
+def _outcome(plan: Plan, project: Path) -> Outcome:
+    """What changed in the project, and which files hold conflicts (markers, unmerged, or a `.rej`)."""
+    status = git("status", "--porcelain", "-z", "--untracked-files=all", "--", ".", cwd=project)
+    prefix = git("rev-parse", "--show-prefix", cwd=project).strip()
+    entries = iter(status.split("\0"))
+    changed: list[str] = []
+    conflicts: set[str] = set()
+    for entry in entries:
+        if not entry:
+            continue
+        code, path = entry[:2], entry[3:].removeprefix(prefix)
+        if code[0] in "RC":
+            next(entries, None)  # the original path of a rename or copy
+        changed.append(f"{code.strip():<2} {path}")
+        if path.endswith(".rej"):
+            conflicts.add(path.removesuffix(".rej"))
+        elif "U" in code or ("D" not in code and _has_markers(project / path)):
+            conflicts.add(path)
+    return Outcome(plan, changed, sorted(conflicts))
+
+
+def _has_markers(path: Path) -> bool:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(line.startswith(MARKERS[0]) for line in lines) and any(line.startswith(MARKERS[1]) for line in lines)

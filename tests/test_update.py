@@ -1,0 +1,427 @@
+"""Template updates keep every user edit: generate at v1.0.0, fill every TODO, update to v1.1.0.
+
+Tested the way copier tests itself: a temporary template repository holds this checkout's template
+as v1.0.0 and a fix (engine, README, pyproject, a new file, and a change to a user-owned file) as
+v1.1.0. An installed looptpl is simulated in-process by pointing it at an export of one tag (as a
+wheel ships it), and for real by building two wheels and upgrading a fresh virtual environment.
+"""
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO_ROOT, answers, looptpl, run
+
+import looptpl as looptpl_package
+from looptpl import store, template_source
+from looptpl.errors import LooptplError
+
+V1, V2 = "v1.0.0", "v1.1.0"
+USER_FILES = ("data", "model", "loss", "metrics", "optim")
+ENGINE_FIX = "  # looptpl v1.1.0: engine fix"
+README_FIX = "Template fix from v1.1.0: see docs/updating.md."
+PYPROJECT_FIX = "# looptpl v1.1.0: pyproject fix"
+USER_FILE_CHANGE = "# looptpl v1.1.0 changed this user-owned file"
+USER_ENGINE_NOTE = "# My engine note: keep this."
+USER_README_LINE = "My notes: this model is trained on my cluster."
+USER_PYPROJECT = '\n[tool.my_tool]\nsetting = "mine"\n'
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@localhost",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@localhost",
+}
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def copy_template(destination: Path) -> None:
+    """This checkout's template (copier.yml and templates/), as a release would ship it."""
+    destination.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO_ROOT / "copier.yml", destination)
+    shutil.copytree(
+        REPO_ROOT / "templates", destination / "templates", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+
+
+def template_file(root: Path, name: str) -> Path:
+    package = root / "templates" / "torch" / "src" / "{{package_name}}"
+    return next(path for path in (package / name, package / f"{name}.jinja") if path.is_file())
+
+
+def first_definition(lines: list[str]) -> int:
+    """The first module-level class or def line: appending a comment to it keeps the file valid Python."""
+    return next(index for index, line in enumerate(lines) if line.startswith(("class ", "def ")))
+
+
+def make_v2_fix(root: Path) -> None:
+    """The template change between v1.0.0 and v1.1.0: an engine fix, shared-file fixes, a new file."""
+    engine = template_file(root, "engine.py")
+    lines = engine.read_text().splitlines(keepends=True)
+    index = first_definition(lines)
+    lines[index] = lines[index].rstrip("\n") + ENGINE_FIX + "\n"
+    engine.write_text("".join(lines))
+    readme = root / "templates" / "torch" / "README.md.jinja"
+    readme.write_text(readme.read_text() + f"\n{README_FIX}\n")
+    pyproject = root / "templates" / "torch" / "pyproject.toml.jinja"
+    pyproject.write_text(f"{PYPROJECT_FIX}\n{pyproject.read_text()}")
+    data = template_file(root, "data.py")
+    data.write_text(data.read_text() + f"\n{USER_FILE_CHANGE}\n")
+    (template_file(root, "engine.py").parent / "notes.py").write_text('"""Added by template v1.1.0."""\n')
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """A template store of this test's own, and a git identity for the commits the tests make."""
+    monkeypatch.setenv("LOOPTPL_HOME", str(tmp_path / "looptpl-home"))
+    for key, value in GIT_IDENTITY.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture(scope="module")
+def template_repo(tmp_path_factory) -> Path:
+    """A template repository tagged v1.0.0 (this checkout's template) and v1.1.0 (with the fix)."""
+    repo = tmp_path_factory.mktemp("template-repo")
+    copy_template(repo)
+    env = {**os.environ, **GIT_IDENTITY}
+    for version, change in ((V1, None), (V2, make_v2_fix)):
+        if change:
+            change(repo)
+        for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", f"Template {version}"]):
+            subprocess.run(command, cwd=repo, check=True, env=env)
+        subprocess.run(["git", "tag", version], cwd=repo, check=True)
+    return repo
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch, template_repo) -> Callable[[str], Path]:
+    """Make the in-process looptpl an installed release shipping the template at `tag` (an export, no .git)."""
+
+    def install_tag(tag: str) -> Path:
+        package = tmp_path / f"site-{tag}" / "looptpl"
+        if not package.exists():
+            archive = tmp_path / f"{tag}.tar"
+            git(template_repo, "archive", "--output", str(archive), tag)
+            (package / "_template").mkdir(parents=True)
+            subprocess.run(["tar", "-xf", str(archive), "-C", str(package / "_template")], check=True)
+        monkeypatch.setattr(template_source, "PACKAGE_DIR", package)
+        monkeypatch.setattr(looptpl_package, "__version__", tag.removeprefix("v"))
+        return package / "_template"
+
+    return install_tag
+
+
+def new_project(destination: Path, strategy: str = "single") -> Path:
+    result = looptpl("new", str(destination), "--backend", "torch", "--strategy", strategy)
+    assert result.exit_code == 0, result.stderr
+    return destination
+
+
+def edit_like_a_user(project: Path) -> dict[Path, str]:
+    """Fill every TODO file, and edit the engine, README and pyproject; commit. Returns the TODO files' text."""
+    package = project / "src" / answers(project)["package_name"]
+    filled = {}
+    for name in USER_FILES:
+        path = package / f"{name}.py"
+        text = path.read_text().replace("# TODO(", "# DONE(")
+        text += f'\n\ndef my_{name}_helper() -> str:\n    return "{name} is mine"\n'
+        path.write_text(text)
+        filled[path] = text
+    engine = package / "engine.py"
+    engine.write_text(engine.read_text() + f"\n\n{USER_ENGINE_NOTE}\n")
+    readme = project / "README.md"
+    title, rest = readme.read_text().split("\n", 1)
+    readme.write_text(f"{title}\n\n{USER_README_LINE}\n{rest}")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + USER_PYPROJECT)
+    git(project, "commit", "-qam", "Fill the TODOs")
+    return filled
+
+
+def assert_updated_with_every_edit_kept(project: Path, filled: dict[Path, str]) -> None:
+    package = project / "src" / answers(project)["package_name"]
+    assert answers(project)["_commit"] == V2
+    engine = (package / "engine.py").read_text()
+    assert ENGINE_FIX in engine and USER_ENGINE_NOTE in engine
+    assert README_FIX in (project / "README.md").read_text()
+    assert USER_README_LINE in (project / "README.md").read_text()
+    pyproject = (project / "pyproject.toml").read_text()
+    assert pyproject.startswith(PYPROJECT_FIX) and pyproject.endswith(USER_PYPROJECT)
+    assert (package / "notes.py").is_file()  # a file new in v1.1.0 is added
+    for path, text in filled.items():
+        assert path.read_text() == text, f"{path.name} is user-owned and must not change"
+    for path in project.rglob("*"):
+        if path.is_file() and ".git" not in path.parts:
+            assert not path.name.endswith(".rej"), path
+            assert "<<<<<<<" not in path.read_text() and ">>>>>>>" not in path.read_text(), path
+
+
+@pytest.mark.slow
+def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    assert answers(project)["_commit"] == V1
+    filled = edit_like_a_user(project)
+    head = git(project, "rev-parse", "HEAD")
+
+    install(V2)  # the user upgrades looptpl
+    result = looptpl("check", str(project))
+    assert result.exit_code == 1
+    assert f"uses template {V1}" in result.stdout and V2 in result.stdout
+
+    preview = looptpl("update", str(project), "--dry-run")
+    assert preview.exit_code == 0, preview.stderr
+    for changed in ("src/proj/engine.py", "README.md", "pyproject.toml", "src/proj/notes.py"):
+        assert changed in preview.stdout
+    assert "src/proj/data.py" not in preview.stdout
+    assert git(project, "status", "--porcelain") == "" and git(project, "rev-parse", "HEAD") == head
+
+    result = looptpl("update", str(project))
+    assert result.exit_code == 0, result.stderr
+    assert f"from template {V1} to {V2}" in result.stdout
+    assert_updated_with_every_edit_kept(project, filled)
+    git(project, "add", "--all")
+    git(project, "commit", "-qm", "Update the template")
+    assert looptpl("check", str(project)).exit_code == 0
+    again = looptpl("update", str(project))
+    assert again.exit_code == 0 and "already up to date" in again.stdout
+    assert looptpl("todo", str(project)).exit_code == 0  # every TODO is still filled
+
+    env = {"PYTHONPATH": str(project / "src")}
+    train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
+    assert trained.returncode == 0, trained.stdout[-5000:]
+    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, timeout=1200)
+    assert tests.returncode == 0, tests.stdout[-8000:]
+
+
+def test_plain_copier_copy_and_copier_update_keep_every_user_edit(tmp_path, template_repo):
+    """Without looptpl: `copier copy` from a git checkout, then `copier update` to the newest tag."""
+    project = tmp_path / "plain"
+    copy = [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", V1, "-d", "project_name=plain"]
+    result = run([*copy, "-d", "strategy=ddp", str(template_repo), str(project)], cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert answers(project)["_src_path"] == str(template_repo) and answers(project)["_commit"] == V1
+    git(project, "init", "-q")
+    git(project, "add", "--all")
+    git(project, "commit", "-qm", "Generate")
+    filled = edit_like_a_user(project)
+
+    result = run([sys.executable, "-m", "copier", "update", "--defaults"], cwd=project, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert_updated_with_every_edit_kept(project, filled)
+    assert (project / "src" / "plain" / "distributed.py").is_file()
+
+
+def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    engine = project / "src" / "proj" / "engine.py"
+    lines = engine.read_text().splitlines()
+    index = first_definition(lines)
+    template_line = lines[index] + ENGINE_FIX
+    lines[index] += "  # my change to this very line"
+    engine.write_text("\n".join(lines) + "\n")
+    git(project, "commit", "-qam", "Edit the engine")
+    mine = engine.read_text()
+
+    install(V2)
+    preview = looptpl("update", str(project), "--dry-run")
+    assert preview.exit_code == 0 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
+    assert git(project, "status", "--porcelain") == ""
+
+    result = looptpl("update", str(project))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "1 file(s) need attention: src/proj/engine.py"
+    merged = engine.read_text()
+    assert "<<<<<<< before updating" in merged and ">>>>>>> after updating" in merged
+    assert template_line in merged.splitlines()
+    for line in mine.splitlines():
+        assert line in merged, f"lost: {line}"
+    assert README_FIX in (project / "README.md").read_text()  # the rest merged cleanly
+
+    git(project, "reset", "--hard", "-q")  # undo, as the output says, and ask for .rej files instead
+    git(project, "clean", "-fdq")
+    result = looptpl("update", str(project), "--conflict", "rej")
+    assert result.exit_code == 1
+    assert "src/proj/engine.py" in result.stderr and ".rej" in result.stdout
+    assert template_line in engine.read_text().splitlines() and "<<<<<<<" not in engine.read_text()
+    assert "+" + lines[index] in (project / "src" / "proj" / "engine.py.rej").read_text().splitlines()
+
+
+def test_update_from_a_development_checkout(tmp_path, monkeypatch, template_repo):
+    """Run from a git checkout, looptpl renders its working tree and updates to its HEAD."""
+    checkout = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", str(template_repo), str(checkout))
+    git(checkout, "checkout", "-q", V1)
+    monkeypatch.setattr(template_source, "PACKAGE_DIR", checkout / "generator" / "looptpl")
+    project = new_project(tmp_path / "proj")
+    assert answers(project)["_src_path"] == str(checkout) and answers(project)["_commit"] == V1
+    filled = edit_like_a_user(project)
+    git(checkout, "checkout", "-q", V2)
+    assert looptpl("check", str(project)).exit_code == 1
+    result = looptpl("update", str(project))
+    assert result.exit_code == 0, result.stderr
+    assert_updated_with_every_edit_kept(project, filled)
+    assert not (tmp_path / "looptpl-home").exists()  # a checkout needs no template store
+    git(project, "commit", "-qam", "Update the template")
+    result = looptpl("check", str(project))
+    assert result.exit_code == 0 and "is up to date" in result.stdout
+
+
+def snapshot(project: Path) -> dict[str, bytes]:
+    return {str(path): path.read_bytes() for path in sorted(project.rglob("*")) if path.is_file()}
+
+
+def rewrite_answers(project: Path, **changes: str) -> None:
+    data = {**answers(project), **changes}
+    (project / ".copier-answers.yml").write_text(yaml.safe_dump(data))
+    git(project, "commit", "-qam", "Edit the answers")
+
+
+ERRORS = {
+    "not a git repository": "is not a git repository; run `git init",
+    "dirty working tree": "has uncommitted changes (src/proj/loss.py); commit or stash them first",
+    "no answers file": "is not a looptpl project (no .copier-answers.yml)",
+    "unknown template version": "template v1.0.5 is not in the template store",
+    "not a release": "template version 'main' is not a looptpl release tag",
+    "downgrade": "uses template v1.1.0, newer than this looptpl's v1.0.0; downgrades are not supported",
+    "another template source": "follows the template at https://example.com/looptpl.git, not this looptpl's",
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_update_errors_are_one_line_with_the_fix_and_change_nothing(tmp_path, install, case):
+    install(V2 if case == "downgrade" else V1)
+    project = tmp_path / "proj"
+    result = looptpl("new", str(project), "--backend", "torch", "--strategy", "single", "--no-git")
+    assert result.exit_code == 0, result.stderr
+    if case != "not a git repository":
+        for command in (["init", "-q"], ["add", "--all"], ["commit", "-qm", "Generate"]):
+            git(project, *command)
+    install(V1 if case == "downgrade" else V2)
+    if case == "dirty working tree":
+        (project / "src" / "proj" / "loss.py").write_text("# half-finished edit\n")
+    elif case == "no answers file":
+        project = project / "src"
+    elif case == "unknown template version":
+        rewrite_answers(project, _commit="v1.0.5")
+    elif case == "not a release":
+        rewrite_answers(project, _commit="main")
+    elif case == "another template source":
+        rewrite_answers(project, _src_path="https://example.com/looptpl.git")
+    before = snapshot(project)
+    result = looptpl("update", str(project))
+    assert result.exit_code == 2
+    assert ERRORS[case] in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
+    assert snapshot(project) == before
+
+
+def test_store_tags_are_deterministic_and_recorded_portably(tmp_path, monkeypatch, install):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LOOPTPL_HOME")
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    install(V1)
+    template = store.installed_template()
+    assert template.url == "~/.local/share/looptpl/template" and template.ref == V1
+    here = git(tmp_path / "home" / ".local" / "share" / "looptpl" / "template", "rev-parse", V1)
+    monkeypatch.setenv("LOOPTPL_HOME", str(tmp_path / "elsewhere"))
+    assert store.installed_template().url == str(tmp_path / "elsewhere" / "template")
+    assert git(tmp_path / "elsewhere" / "template", "rev-parse", V1) == here  # same template, same commit
+    assert git(tmp_path / "elsewhere" / "template", "status", "--porcelain") == ""
+
+
+def test_store_refuses_a_different_template_under_a_stored_version(tmp_path, install):
+    template = install(V1)
+    store.installed_template()
+    (template / "copier.yml").write_text((template / "copier.yml").read_text() + "\n# edited\n")
+    with pytest.raises(LooptplError, match=r"holds a different template under v1\.0\.0 .* tag -d v1\.0\.0"):
+        store.installed_template()
+
+
+def test_release_tags_match_the_package_version():
+    """Each release tag vX of this repository ships looptpl X, so the store tags agree with git tags."""
+    from packaging.version import Version
+
+    assert str(Version(looptpl_package.__version__)) == looptpl_package.__version__
+    tags = git(REPO_ROOT, "tag", "--list", "v*").split()
+    for tag in tags:
+        source = git(REPO_ROOT, "show", f"{tag}:generator/looptpl/__init__.py")
+        assert f'__version__ = "{tag.removeprefix("v")}"' in source, tag
+
+
+def test_update_outside_a_project_as_a_subprocess(tmp_path):
+    result = run([sys.executable, "-m", "looptpl", "update", str(tmp_path)], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    no_answers = "is not a looptpl project (no .copier-answers.yml); pass the generated project's folder"
+    assert result.stdout.strip() == f"error: {tmp_path} {no_answers}"
+
+
+@pytest.mark.parametrize("command", ["update", "check"])
+def test_help(command):
+    result = looptpl(command, "--help")
+    assert result.exit_code == 0 and "Usage" in result.stdout
+
+
+def build_wheel(tmp_path: Path, version: str, change: Callable[[Path], None] | None) -> Path:
+    """A wheel of this checkout with `version`, its template changed by `change`; built offline."""
+    source = tmp_path / f"source-{version}"
+    for name in ("generator", "templates"):
+        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("copier.yml", "pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source)
+    init = source / "generator" / "looptpl" / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{looptpl_package.__version__}"', f'"{version}"'))
+    if change:
+        change(source)
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+    subprocess.run([*wheel, "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    return next((tmp_path / "dist").glob(f"looptpl-{version}-*.whl"))
+
+
+@pytest.mark.slow
+def test_installed_wheel_upgrade_then_update(tmp_path):
+    """pip install a wheel into a fresh venv, generate, upgrade to a newer wheel, `looptpl update`: offline."""
+    old, new = build_wheel(tmp_path, "1.0.0", None), build_wheel(tmp_path, "1.1.0", make_v2_fix)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # copier, typer and pyyaml come from this environment: a .pth puts its site-packages after the venv's own.
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    (site_packages / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
+    subprocess.run([*pip, "--no-index", "--no-deps", str(old)], check=True, capture_output=True)
+
+    home = tmp_path / "home"
+    home.mkdir()
+    hidden = {"LOOPTPL_HOME", "XDG_DATA_HOME", "PYTHONPATH", "VIRTUAL_ENV"}
+    env = {key: value for key, value in os.environ.items() if key not in hidden} | {"HOME": str(home)}
+
+    def installed(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(venv / "bin" / "looptpl"), *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    assert installed("--version").stdout.strip() == "looptpl 1.0.0"
+    result = installed("new", "proj", "--defaults")
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "proj"
+    assert answers(project)["_src_path"] == "~/.local/share/looptpl/template"
+    assert answers(project)["_commit"] == V1
+    filled = edit_like_a_user(project)
+
+    subprocess.run([*pip, "--no-index", "--no-deps", str(new)], check=True, capture_output=True)
+    assert installed("--version").stdout.strip() == "looptpl 1.1.0"
+    result = installed("check", "proj")
+    assert result.returncode == 1 and f"uses template {V1}" in result.stdout
+    result = installed("update", "proj")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_updated_with_every_edit_kept(project, filled)
+    assert git(home / ".local" / "share" / "looptpl" / "template", "tag").split() == [V1, V2]
