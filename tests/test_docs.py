@@ -1,0 +1,412 @@
+"""The user guide builds with `mkdocs build --strict`, and every command it shows is exercised.
+
+Each command in a ```bash block of docs/*.md must match one rule below:
+
+- RUN: cheap commands, run here as the docs write them. `looptpl new myproj ...` runs in a scratch
+  folder; commands that need the project run against the one the quick start generates, with
+  PYTHONPATH=src standing in for its editable install (which is itself run, into a throwaway
+  virtual environment).
+- COVERED: commands that cannot run here (GPUs, several machines, Slurm, a package index) or take
+  minutes. Each names the test or file that runs the same thing, and that file must exist and
+  contain the given text, so the mapping cannot silently go stale.
+- `cd DIR`.
+
+A command that matches no rule fails the test: a new command in the docs needs a rule here.
+Flags given to the trainer or to torchrun in any command must exist, and the flags page must list
+exactly the trainer's flags.
+"""
+
+import os
+import re
+import shlex
+import site
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, run
+
+DOCS = REPO_ROOT / "docs"
+QUICK_START = "looptpl new myproj --backend torch --strategy ddp --defaults"
+TRAIN_HELP = "python -m myproj.train --help"
+TIMEOUT_S = 300
+SEPARATORS = {"&&", "||", ";", "|"}
+OTHER_SHELL_FENCES = re.compile(r"^[ \t]*```(sh|shell|console|zsh|bash-session)\b", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A command this test runs: in `cwd` ("scratch", "project" or "repo"), expecting `expect` in its output."""
+
+    pattern: str
+    cwd: str
+    expect: str
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class Covered:
+    """A command run elsewhere: `path` (in this repository, or `myproj/...` in the generated project)
+    must contain every witness; with `flags_in_file`, also every `--flag` the command uses."""
+
+    pattern: str
+    path: str
+    witnesses: tuple[str, ...]
+    why: str
+    flags_in_file: bool = False
+
+
+TRAIN = r"python -m myproj\.train"
+RUN = (
+    Run(r"looptpl list", "scratch", "fsdp"),
+    Run(r"looptpl new myproj --backend torch --strategy (single|ddp|fsdp) --defaults", "scratch", "Created"),
+    Run(r"looptpl new myproj --backend torch --strategy (single|ddp|fsdp) --defaults --dry-run", "scratch", "train.py"),
+    Run(r"looptpl todo", "project", "TODOs left", exit_code=1),
+    Run(r"pip install -e \.\[test\]", "project", ""),  # into a throwaway venv, see run_pip_install
+    Run(rf"{TRAIN} --help", "project", "--global-batch-size"),
+    Run(rf"{TRAIN} --device cpu --epochs [1-3]", "scratch", "test_loss"),
+    Run(
+        r"torchrun --standalone --nproc-per-node 2 -m myproj\.train --device cpu --epochs [1-3]", "scratch", "test_loss"
+    ),
+    Run(
+        r"python bench/torch_loop\.py --skip-lightning --rounds 1 --warmup-epochs 0 --epochs 1 --train-size \d{1,4}",
+        "repo",
+        "generated / hand-written",
+    ),
+)
+
+UPDATE_TESTS = "tests/test_update.py"
+DISTRIBUTED_TESTS = "myproj/tests/test_distributed.py"
+TRAINING_TESTS = "myproj/tests/test_training.py"
+COVERED = (
+    Covered(
+        r"pip install( -U)? looptpl",
+        UPDATE_TESTS,
+        ("def test_installed_wheel_upgrade_then_update", '"install"'),
+        "needs a package index; the test pip-installs looptpl wheels into a fresh virtual environment",
+    ),
+    Covered(
+        r"pytest",
+        "tests/test_generated_projects.py",
+        ("def test_generated_project_passes_its_own_tests", '"pytest"'),
+        "minutes: the generated project's own test suite",
+    ),
+    Covered(
+        TRAIN,
+        "myproj/tests/conftest.py",
+        ('"-m", "myproj.train"',),
+        "picks a GPU when one is visible; the project's tests run the same entry point on the CPU",
+    ),
+    Covered(
+        r"torchrun --standalone --nproc-per-node \d+ -m myproj\.train",
+        "myproj/tests/conftest.py",
+        ('"torch.distributed.run", "--standalone"',),
+        "needs that many GPUs; the project's tests launch the same torchrun --standalone with 2 CPU ranks",
+    ),
+    Covered(
+        r"torchrun --standalone --nproc-per-node \d+ -m myproj\.train --dist-timeout-s \d+",
+        DISTRIBUTED_TESTS,
+        ("def test_a_hung_rank_makes_the_others_fail_within_the_timeout", '"--dist-timeout-s"'),
+        "needs GPUs; the test hangs a rank and checks that the others fail after --dist-timeout-s",
+    ),
+    Covered(
+        r"torchrun --nnodes \d+ --nproc-per-node \d+ --rdzv-backend c10d --rdzv-endpoint HOST:\d+ --rdzv-id JOB "
+        r"--max-restarts \d+ -m myproj\.train",
+        DISTRIBUTED_TESTS,
+        (
+            "def test_two_nodes_train_like_one_node",
+            '"--rdzv-backend=c10d"',
+            "def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run",
+            '"--max-restarts"',
+        ),
+        "several machines; the tests start two torchrun agents on one c10d rendezvous, and kill a rank under "
+        "--max-restarts",
+    ),
+    Covered(
+        r"sbatch scripts/slurm\.sbatch( --[a-z-]+( \d+)?)*",
+        DISTRIBUTED_TESTS,
+        ("def test_the_slurm_script_starts_torchrun_on_every_node", '"slurm.sbatch"'),
+        "needs Slurm; the test runs the script with stand-ins for srun and scontrol",
+    ),
+    Covered(
+        rf"{TRAIN} --epochs \d+ (--stop-after-epoch \d+|--resume)",
+        TRAINING_TESTS,
+        ("def test_resume_gives_the_same_result_as_an_uninterrupted_run", '"--stop-after-epoch"', '"--resume"'),
+        "a long run; the test stops a run, resumes it and compares it with an uninterrupted one",
+    ),
+    Covered(
+        rf"{TRAIN} --device cpu --epochs \d+ --precision (bf16|fp16)",
+        TRAINING_TESTS,
+        ("def test_mixed_precision_trains", '"--precision"'),
+        "the project's test trains with bf16 and with fp16",
+    ),
+    Covered(
+        r"python -m myproj\.plot runs",
+        TRAINING_TESTS,
+        ("def test_plot_writes_curves_or_explains_what_is_missing", '"myproj.plot"'),
+        "needs a finished run; the test trains, then plots it",
+    ),
+    Covered(
+        r"python bench/torch_loop\.py( --[a-z-]+( \d+)?)*",
+        "bench/torch_loop.py",
+        ("def main",),
+        "minutes of timing; the smoke command of the benchmarks page runs the same script here",
+        flags_in_file=True,
+    ),
+    Covered(
+        r"looptpl check( \S+)?",
+        UPDATE_TESTS,
+        ('looptpl("check", str(project))',),
+        "needs a template update to report",
+    ),
+    Covered(
+        r"looptpl update( --dry-run| \S+)?",
+        UPDATE_TESTS,
+        (
+            "def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains",
+            '"update", str(project), "--dry-run"',
+        ),
+        "needs two template versions; the test updates a project from v1 to v2",
+    ),
+    Covered(
+        r"copier update",
+        UPDATE_TESTS,
+        ("def test_plain_copier_copy_and_copier_update_keep_every_user_edit", '"copier", "update"'),
+        "needs two template versions",
+    ),
+    Covered(
+        r"copier update --conflict rej",
+        UPDATE_TESTS,
+        ('looptpl("update", str(project), "--conflict", "rej")',),
+        "looptpl update --conflict rej runs the same copier update with conflict=rej",
+    ),
+    Covered(
+        r"python -m venv \S+|\S+/bin/pip install looptpl==\S+|\S+/bin/looptpl check \S+",
+        UPDATE_TESTS,
+        ("def test_installed_wheel_upgrade_then_update", '"-m", "venv"', 'installed("check", "proj")'),
+        "needs a package index; the test installs an older looptpl wheel into a fresh venv and runs its check",
+    ),
+)
+
+
+# --- reading the docs ----------------------------------------------------------------------------
+
+
+def bash_blocks(text: str) -> Iterator[str]:
+    """The bodies of ```bash blocks, including those indented under a list item."""
+    fence = re.compile(r"^(?P<indent>[ \t]*)```bash[ \t]*\n(?P<body>.*?)^(?P=indent)```", re.MULTILINE | re.DOTALL)
+    for block in fence.finditer(text):
+        yield textwrap.dedent(block["body"])
+
+
+def commands_in(block: str) -> Iterator[str]:
+    """Each command of a bash block, comments dropped, split at && || ; |, as one space-joined string."""
+    for line in re.sub(r"\\\n", " ", block).splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words: list[str] = []
+        for token in [*lexer, ";"]:
+            if token in SEPARATORS:
+                if words:
+                    yield " ".join(words)
+                words = []
+            else:
+                words.append(token)
+
+
+def doc_commands(docs: Path = DOCS) -> dict[str, list[str]]:
+    """Every command in the docs' bash blocks, with the pages that show it."""
+    found: dict[str, list[str]] = {}
+    for page in sorted(docs.glob("*.md")):
+        for block in bash_blocks(page.read_text(encoding="utf-8")):
+            for command in commands_in(block):
+                found.setdefault(command, []).append(page.name)
+    return found
+
+
+def classify(command: str) -> Run | Covered | str | None:
+    """The rule a command matches: a Run, a Covered, "cd", or None."""
+    for rule in (*RUN, *COVERED):
+        if re.fullmatch(rule.pattern, command):
+            return rule
+    return "cd" if re.fullmatch(r"cd \S+", command) else None
+
+
+def coverage_problem(command: str, rule: Covered, project: Path) -> str | None:
+    path = project.parent / rule.path if rule.path.startswith("myproj/") else REPO_ROOT / rule.path
+    if not path.is_file():
+        return f"{command!r}: {rule.path} does not exist"
+    text = path.read_text(encoding="utf-8")
+    wanted = list(rule.witnesses)
+    if rule.flags_in_file:
+        wanted += [f'"{word}"' for word in command.split() if word.startswith("--")]
+    missing = [witness for witness in wanted if witness not in text]
+    return f"{command!r}: {rule.path} lacks {missing}" if missing else None
+
+
+# --- running the commands ------------------------------------------------------------------------
+
+
+def environment(project: Path) -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(project / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def run_pip_install(command: str, project: Path, scratch: Path) -> subprocess.CompletedProcess:
+    """`pip install -e ...` into a throwaway venv that sees this environment's packages (offline)."""
+    venv = scratch / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    (site_packages / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), *command.split()[1:]]
+    result = run([*pip, "--no-index", "--no-build-isolation", "-q"], cwd=project, timeout=TIMEOUT_S)
+    if result.returncode == 0:
+        # Installed, not found through PYTHONPATH: import it from elsewhere with a clean environment.
+        where = subprocess.run(
+            [str(python), "-c", "import myproj; print(myproj.__file__)"],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
+        )
+        result.stdout += f"\nmyproj imports from: {where.stdout.strip() or where.stderr.strip()}"
+        if not where.stdout.startswith(str(project / "src")):
+            result.returncode = 1
+    return result
+
+
+def run_command(command: str, rule: Run, project: Path) -> tuple[str, Run, subprocess.CompletedProcess]:
+    scratch = Path(tempfile.mkdtemp(prefix="doc-command-", dir=project.parent.parent))
+    if command.startswith("pip "):
+        return command, rule, run_pip_install(command, project, scratch)
+    cwd = {"scratch": scratch, "project": project, "repo": REPO_ROOT}[rule.cwd]
+    return command, rule, run(command.split(), cwd=cwd, timeout=TIMEOUT_S, env=environment(project))
+
+
+@pytest.fixture(scope="module")
+def exercised(tmp_path_factory) -> dict:
+    """Classify every doc command, generate the quick start's project, and run every RUN command."""
+    commands = doc_commands()
+    assert QUICK_START in commands, f"the quick start must show `{QUICK_START}`"
+    assert TRAIN_HELP in commands, f"the flags page must show `{TRAIN_HELP}`"
+    rules = {command: classify(command) for command in commands}
+    sandbox = tmp_path_factory.mktemp("docs") / "sandbox"
+    sandbox.mkdir()
+    project = sandbox / "myproj"
+    created = run(QUICK_START.split(), cwd=sandbox, timeout=TIMEOUT_S, env=environment(project))
+    assert created.returncode == 0, created.stdout
+    to_run = [(command, rule) for command, rule in rules.items() if isinstance(rule, Run) and command != QUICK_START]
+    internal = Run("torchrun --help", "project", "--nproc-per-node")  # for checking torchrun flags
+    to_run.append(("torchrun --help", internal))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda item: run_command(*item, project), to_run))
+    outputs = {command: result for command, _, result in results}
+    outputs[QUICK_START] = created
+    return {"commands": commands, "rules": rules, "project": project, "outputs": outputs}
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[test]' to build the docs")
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO_ROOT / "mkdocs.yml")]
+    result = run([*command, "--site-dir", str(tmp_path / "site")], cwd=REPO_ROOT, timeout=120,
+                 env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert result.returncode == 0, result.stdout
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_commands_are_in_bash_blocks():
+    for page in sorted(DOCS.glob("*.md")):
+        fence = OTHER_SHELL_FENCES.search(page.read_text(encoding="utf-8"))
+        assert fence is None, f"{page.name}: use ```bash for commands, so this test checks them ({fence[0]})"
+
+
+def test_every_command_is_run_or_covered(exercised):
+    problems = []
+    for command, rule in exercised["rules"].items():
+        pages = ", ".join(exercised["commands"][command])
+        if rule is None:
+            problems.append(f"{command!r} ({pages}) is neither run nor covered: add a RUN or COVERED rule")
+        elif isinstance(rule, Covered):
+            problem = coverage_problem(command, rule, exercised["project"])
+            if problem:
+                problems.append(f"{problem} ({pages})")
+    assert not problems, "\n".join(problems)
+
+
+def test_commands_run_as_documented(exercised):
+    failures = []
+    for command, rule in exercised["rules"].items():
+        if isinstance(rule, Run):
+            result = exercised["outputs"][command]
+            if result.returncode != rule.exit_code or rule.expect not in result.stdout:
+                failures.append(
+                    f"`{command}` exited with {result.returncode} (expected {rule.exit_code}), output must contain "
+                    f"{rule.expect!r}:\n{result.stdout[-3000:]}"
+                )
+    assert not failures, "\n\n".join(failures)
+
+
+def option_names(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text)) - {"--help"}
+
+
+def test_flags_in_commands_exist(exercised):
+    outputs = exercised["outputs"]
+    trainer_flags = option_names(outputs[TRAIN_HELP].stdout) | {"--help"}
+    torchrun_flags = option_names(outputs["torchrun --help"].stdout) | {"--help"}
+    problems = []
+    for command in exercised["commands"]:
+        words = command.split()
+        for program, start, known in (
+            ("-m", "myproj.train", trainer_flags),
+            ("sbatch", "scripts/slurm.sbatch", trainer_flags),
+        ):
+            if program in words and start in words:
+                unknown = {word for word in words[words.index(start) + 1 :] if word.startswith("--")} - known
+                problems += [f"{command!r}: the trainer has no {flag}" for flag in sorted(unknown)]
+        if words[0] == "torchrun" and "-m" in words:
+            unknown = {word for word in words[1 : words.index("-m")] if word.startswith("--")} - torchrun_flags
+            problems += [f"{command!r}: torchrun has no {flag}" for flag in sorted(unknown)]
+    assert not problems, "\n".join(problems)
+
+
+def test_flags_page_lists_every_trainer_flag(exercised):
+    page = (DOCS / "flags.md").read_text(encoding="utf-8")
+    section = page.split("## The training entry point", 1)[1].split("\n## ", 1)[0]
+    documented: set[str] = set()
+    for row in re.findall(r"^\| `--.*$", section, flags=re.MULTILINE):
+        documented |= option_names(row.split("|")[1])
+    assert documented == option_names(exercised["outputs"][TRAIN_HELP].stdout)
+
+
+def test_the_check_rejects_an_unlisted_command_and_a_stale_mapping(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = "```bash\nmake docs  # comment\ncd myproj && looptpl todo\n```\n"
+    page += "- a list item:\n\n  ```bash\n  make \\\n    all\n  ```\n"
+    (docs / "page.md").write_text(page)
+    commands = doc_commands(docs)
+    assert list(commands) == ["make docs", "cd myproj", "looptpl todo", "make all"]
+    assert classify("make docs") is None
+    assert classify("cd myproj") == "cd" and isinstance(classify("looptpl todo"), Run)
+    multi_gpu = "torchrun --standalone --nproc-per-node 8 -m myproj.train --dist-timeout-s 1800"
+    rule = classify(multi_gpu)
+    assert isinstance(rule, Covered)
+    project = tmp_path / "myproj"
+    (project / "tests").mkdir(parents=True)
+    (project / "tests" / "test_distributed.py").write_text("def test_something_else(): ...\n")
+    assert "lacks" in coverage_problem(multi_gpu, rule, project)
