@@ -158,8 +158,11 @@ def _atomic_save(payload: dict[str, Any], path: Path) -> None:
 
 
 def _atomic_link(source: Path, target: Path) -> None:
-    """Point `target` at `source`'s data without copying it (a hard link), atomically."""
+    """Point `target` at `source`'s data without copying it (a hard link where possible), atomically."""
     temporary = target.with_name(target.name + ".tmp")
     temporary.unlink(missing_ok=True)
-    os.link(source, temporary)
+    try:
+        os.link(source, temporary)
+    except OSError:  # a filesystem without hard links: copy instead
+        shutil.copyfile(source, temporary)
     os.replace(temporary, target)
