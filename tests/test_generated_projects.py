@@ -1,4 +1,4 @@
-"""Render every available variant, lint it, train it, and run the project's own test suite."""
+"""Render every variant, lint it, train it, and run the project's own test suite."""
 
 import shutil
 import subprocess
@@ -11,16 +11,15 @@ from conftest import REPO_ROOT, looptpl, run
 
 from looptpl.variants import VARIANTS
 
-AVAILABLE = [variant for variant in VARIANTS if variant.available]
-TORCH_STRATEGIES = [variant.strategy for variant in AVAILABLE if variant.backend == "torch"]
+TORCH_STRATEGIES = [variant.strategy for variant in VARIANTS if variant.backend == "torch"]
 
 
 @pytest.fixture(scope="module")
 def projects(tmp_path_factory) -> dict[str, Path]:
-    """One rendered project per available variant, named after its strategy."""
+    """One rendered project per variant, named after its strategy."""
     root = tmp_path_factory.mktemp("projects")
     rendered = {}
-    for variant in AVAILABLE:
+    for variant in VARIANTS:
         name = variant.strategy.replace("-", "_")
         destination = root / name
         result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
@@ -33,7 +32,7 @@ def package_of(project: Path) -> str:
     return project.name
 
 
-@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_rendered_project_is_lint_clean_and_has_no_template_leftovers(projects, strategy):
     project = projects[strategy]
     for path in project.rglob("*"):
@@ -46,7 +45,7 @@ def test_rendered_project_is_lint_clean_and_has_no_template_leftovers(projects, 
         assert result.returncode == 0, result.stdout
 
 
-@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_todos_live_only_in_user_files(projects, strategy):
     package = projects[strategy] / "src" / package_of(projects[strategy])
     user_files = {"data.py", "model.py", "loss.py", "metrics.py", "optim.py"}
@@ -58,7 +57,7 @@ def test_todos_live_only_in_user_files(projects, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [variant.strategy for variant in AVAILABLE])
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_generated_project_passes_its_own_tests(projects, strategy):
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=projects[strategy], timeout=1200)
     assert result.returncode == 0, result.stdout[-8000:]

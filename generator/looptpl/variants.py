@@ -13,7 +13,6 @@ class Variant:
     strategy: str
     when: str
     launch: str
-    available: bool = True
 
 
 VARIANTS = (
@@ -35,21 +34,18 @@ VARIANTS = (
         "one-device",
         "OneDeviceStrategy: one CPU or GPU.",
         "python -m PKG.train",
-        available=False,
     ),
     Variant(
         "tensorflow",
         "mirrored",
         "MirroredStrategy: every GPU of one machine (or N logical CPU devices).",
-        "python -m PKG.train",
-        available=False,
+        "python -m PKG.train [--cpu-replicas N]",
     ),
     Variant(
         "tensorflow",
         "multi-worker",
         "MultiWorkerMirroredStrategy: several machines, each given TF_CONFIG.",
         "python -m PKG.launch --workers N",
-        available=False,
     ),
 )
 
@@ -66,10 +62,6 @@ def find_variant(backend: str, strategy: str) -> Variant:
         raise LooptplError(f"--backend {backend} is not supported; choose one of: {', '.join(BACKENDS)}")
     for variant in VARIANTS:
         if variant.backend == backend and variant.strategy == strategy:
-            if not variant.available:
-                ready = [v.strategy for v in VARIANTS if v.backend == backend and v.available]
-                hint = f"choose one of: {', '.join(ready)}" if ready else "use --backend torch for now"
-                raise LooptplError(f"--strategy {strategy} for --backend {backend} is not available yet; {hint}")
             return variant
     owner = next((v.backend for v in VARIANTS if v.strategy == strategy), None)
     problem = f"is a {owner} strategy" if owner else "is not a known strategy"
