@@ -137,6 +137,8 @@ def report_created(destination: Path) -> None:
         "single": f"python -m {package}.train --epochs 3",
         "ddp": f"torchrun --standalone --nproc-per-node 2 -m {package}.train --device cpu --epochs 3",
         "fsdp": f"torchrun --standalone --nproc-per-node 2 -m {package}.train --device cpu --epochs 3",
+        "mirrored": f"python -m {package}.train --cpu-replicas 2 --epochs 3",
+        "multi-worker": f"python -m {package}.launch --workers 2 -- --epochs 3",
     }.get(strategy, f"python -m {package}.train --epochs 3")
     typer.echo(f"Created {destination} ({answers['backend']}, {strategy}).")
     typer.echo("Next:")
@@ -158,8 +160,7 @@ def list_variants() -> None:
 
     table = Table("backend", "strategy", "when to use it", "launch", box=None)
     for variant in VARIANTS:
-        status = "" if variant.available else " (not available yet)"
-        table.add_row(variant.backend, variant.strategy + status, variant.when, variant.launch)
+        table.add_row(variant.backend, variant.strategy, variant.when, variant.launch)
     Console().print(table)
 
 
