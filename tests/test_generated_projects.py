@@ -1,5 +1,6 @@
 """Render every variant, lint it, train it, and run the project's own test suite."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,11 @@ def test_rendering_is_deterministic(tmp_path):
     files = sorted(path.relative_to(first) for path in first.rglob("*") if path.is_file())
     assert files == sorted(path.relative_to(second) for path in second.rglob("*") if path.is_file())
     for path in files:
-        assert (first / path).read_bytes() == (second / path).read_bytes(), path
+        first_bytes, second_bytes = (first / path).read_bytes(), (second / path).read_bytes()
+        if path.name == ".copier-answers.yml" and DIRTY_CHECKOUT:
+            # Copier records a throwaway commit (with a timestamp) for uncommitted template edits.
+            first_bytes, second_bytes = (re.sub(rb"_commit: .*", b"", text) for text in (first_bytes, second_bytes))
+        assert first_bytes == second_bytes, path
 
 
 def test_plain_copier_copy_from_a_git_checkout(tmp_path):
@@ -120,6 +125,9 @@ def test_plain_copier_copy_from_a_git_checkout(tmp_path):
     assert "_commit: v0.1.0" in answers
     assert (tmp_path / "plain" / "src" / "plain" / "distributed.py").is_file()
 
+
+TEMPLATE_STATUS = ["git", "status", "--porcelain", "--", "templates", "copier.yml"]
+DIRTY_CHECKOUT = bool(subprocess.run(TEMPLATE_STATUS, cwd=REPO_ROOT, capture_output=True).stdout)
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "test",
