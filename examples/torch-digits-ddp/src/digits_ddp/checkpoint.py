@@ -1,0 +1,168 @@
+"""Checkpoints: written by rank 0 atomically, read by every rank. Managed by the looptpl template.
+
+A checkpoint holds full (unsharded) model and optimizer states keyed by parameter name, without
+any DDP `module.` prefix, so it loads into any strategy and any number of ranks. Files are only
+loaded with `weights_only=True`: a checkpoint can hold tensors and plain data, never code.
+"""
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from . import distributed
+from .distributed import Runtime
+from .errors import CheckpointError
+
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL = StateDictOptions(full_state_dict=True)
+
+
+def rng_state(runtime: Runtime) -> dict[str, Any]:
+    """This rank's random generators, so a resumed run draws the same numbers."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if runtime.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(runtime.device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], runtime: Runtime) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and runtime.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], runtime.device)
+
+
+class Checkpointer:
+    """Saves `epoch-NNNN.pt` after every epoch, keeps the newest few, and links the best to `best.pt`."""
+
+    def __init__(self, run_dir: Path, runtime: Runtime, keep: int) -> None:
+        self.directory = run_dir / "checkpoints"
+        self.runtime = runtime
+        self.keep = keep
+
+    def save(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], epoch: int, is_best: bool
+    ) -> None:
+        """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=FULL_ON_RANK0)
+        rng_states = distributed.all_gather_objects(rng_state(self.runtime))
+        problem = ""
+        if self.runtime.is_main:
+            payload = {
+                **state,
+                "model": model_state,
+                "optimizer": optimizer_state,
+                "rng": rng_states,
+                "world_size": self.runtime.world_size,
+            }
+            path = self.directory / f"epoch-{epoch:04d}.pt"
+            try:
+                _atomic_save(payload, path)
+            except OSError as error:
+                problem = f"could not write {path} ({error.strerror}); older checkpoints are intact, free some space"
+            else:
+                if is_best:
+                    _atomic_link(path, self.directory / "best.pt")
+                for old in self.epoch_files()[: -self.keep]:
+                    old.unlink()
+        # Doubles as a barrier: no rank goes on (or reads a checkpoint) before rank 0 has finished writing.
+        if distributed.agree(bool(problem)):
+            raise CheckpointError(problem or "rank 0 could not write a checkpoint; see its log")
+
+    def check_free_space(self, model: nn.Module) -> None:
+        """Fail before training, not at hour 40, when the run directory cannot hold the checkpoints."""
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Weights plus two optimizer moments, for each kept checkpoint, the best one and one being written.
+        needed = 3 * weights * (self.keep + 2)
+        free = shutil.disk_usage(self.directory.parent).free if self.runtime.is_main else needed
+        if distributed.agree(free < needed):
+            raise CheckpointError(
+                f"{self.directory.parent} has {free / 2**20:.0f} MiB free, checkpoints need about "
+                f"{needed / 2**20:.0f} MiB; free some space or lower --keep-checkpoints"
+            )
+
+    def epoch_files(self) -> list[Path]:
+        """Epoch checkpoints, oldest first."""
+        return sorted(self.directory.glob("epoch-*.pt"))
+
+    def load_latest(self) -> tuple[Path, dict[str, Any]]:
+        """The newest readable epoch checkpoint; a damaged file is reported and skipped."""
+        for path in reversed(self.epoch_files()):
+            try:
+                return path, self.read(path)
+            except Exception as error:  # a truncated or corrupt file: fall back to an older one
+                if self.runtime.is_main:
+                    print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
+        )
+
+    def read(self, path: Path) -> dict[str, Any]:
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def restore(
+        self, path: Path, checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Load weights, optimizer state and this rank's RNG state from a checkpoint."""
+        try:
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=checkpoint["model"],
+                optim_state_dict=checkpoint["optimizer"],
+                options=FULL,
+            )
+        except (RuntimeError, KeyError, ValueError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CheckpointError(
+                f"{path} does not fit the model and optimizer built by model.py and optim.py ({first_line}); "
+                "resume with the code that wrote it, or start a new --run-dir"
+            ) from None
+        if checkpoint["world_size"] == self.runtime.world_size:
+            set_rng_state(checkpoint["rng"][self.runtime.rank], self.runtime)
+        elif self.runtime.is_main:
+            print(
+                f"warning: checkpoint was written by {checkpoint['world_size']} ranks, this run has "
+                f"{self.runtime.world_size}; training continues, but random draws differ from the original run",
+                flush=True,
+            )
+
+    def load_weights(self, path: Path, model: nn.Module) -> None:
+        """Load only the model weights (for the final test)."""
+        set_model_state_dict(model, self.read(path)["model"], options=FULL)
+
+
+def _atomic_save(payload: dict[str, Any], path: Path) -> None:
+    """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with temporary.open("wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)  # after a failure, leave no partial file behind
+
+
+def _atomic_link(source: Path, target: Path) -> None:
+    """Point `target` at `source`'s data without copying it (a hard link where possible), atomically."""
+    temporary = target.with_name(target.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:  # a filesystem without hard links: copy instead
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
