@@ -1,0 +1,400 @@
+"""Training throughput of a freshly rendered torch/single project against two baselines.
+
+Renders a project with `looptpl new` into a temporary folder, imports its package, and times
+three loops on the same model (the project's placeholder MLP), the same synthetic data (the
+project's task, with a larger train split) and the same global batch:
+
+  generated     the project's own `train.main()`, i.e. `Trainer.fit()` with the progress bar,
+                the metric logger, validation and checkpoints on; only `train_epoch` is timed
+  hand-written  DataLoader(TensorDataset, shuffle=True), AdamW, clip_grad_norm_, loss.mean()
+  lightning     lightning.Trainer on CPU, 1 device, no logger, bar, checkpoints or validation
+
+Every loop runs one untimed warmup epoch and then --epochs timed ones; the loops take turns
+within each of --rounds rounds (in a rotating order). The table gives, per loop, the median and
+the spread of samples/s over rounds, the best single epoch, and samples per CPU-second; the
+ratios are paired by round. The project's target: generated >= 0.95x hand-written.
+
+Run from the repository root (about 1 minute on 2 idle CPU cores, up to 3 when they are shared):
+    .venv/bin/pip install lightning "torch==2.13.0"        # once; keeps torch where it is
+    .venv/bin/python bench/torch_loop.py
+    .venv/bin/python bench/torch_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 0.95  # generated / hand-written, as the project states it
+VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per run, after the warmup epoch.")
+    parser.add_argument("--warmup-epochs", type=int, default=1, help="Untimed epochs at the start of every run.")
+    parser.add_argument("--train-size", type=int, default=50_000, help="Samples in the synthetic train split.")
+    parser.add_argument("--batch-size", type=int, default=64, help="Global batch size (the template's default).")
+    parser.add_argument("--rounds", type=int, default=5, help="Rounds; each runs every loop once.")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every loop.")
+    parser.add_argument(
+        "--progress",
+        choices=["tty", "real", "off"],
+        default="tty",
+        help="Generated loop's progress bar: tty makes sys.stderr.isatty() return True so the bar draws "
+        "even when stderr is a file or pipe (default); real leaves stderr alone (the bar draws only on a "
+        "terminal); off passes --no-progress.",
+    )
+    parser.add_argument(
+        "--hand-schedule",
+        action="store_true",
+        help="Give the hand-written loop the project's warmup+cosine LambdaLR too (the generated loop always has it).",
+    )
+    parser.add_argument("--skip-lightning", action="store_true", help="Time only generated and hand-written.")
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
+    args = parser.parse_args(argv)
+    for name in ("epochs", "train_size", "batch_size", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+# --- the rendered project -----------------------------------------------------------------------
+
+
+def render_project(root: Path) -> types.ModuleType:
+    """`looptpl new` a torch/single project under `root` and import its package."""
+    destination = root / "benchproj"
+    looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
+    command = [looptpl, "new", str(destination), "--backend", "torch", "--strategy", "single", "--defaults", "--no-git"]
+    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
+    sys.path.insert(0, str(destination / "src"))
+    package = importlib.import_module(package_dir.name)
+    for module in ("train", "engine", "config", "data", "model", "optim"):
+        setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
+    return package
+
+
+def build_datasets(project: types.ModuleType, train_size: int) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    """The project's synthetic task (data.py), with `train_size` training samples."""
+    data = project.data
+    generator = torch.Generator().manual_seed(1234)
+    hidden = torch.randn(data.NUM_FEATURES, 32, generator=generator)
+    readout = torch.randn(32, data.NUM_CLASSES, generator=generator)
+
+    def make_split(size: int) -> TensorDataset:
+        inputs = torch.randn(size, data.NUM_FEATURES, generator=generator)
+        targets = (torch.tanh(inputs @ hidden) @ readout).argmax(dim=1)
+        return TensorDataset(inputs, targets)
+
+    return make_split(train_size), make_split(VAL_SIZE), make_split(TEST_SIZE)
+
+
+def fresh_model(project: types.ModuleType, seed: int = 0) -> torch.nn.Module:
+    """The project's model, built with the seed the project's own run uses."""
+    torch.manual_seed(seed)
+    model: torch.nn.Module = project.model.build_model(project.config.TrainConfig())
+    return model
+
+
+# --- the three loops; each returns (wall, cpu) seconds of its timed epochs -----------------------
+
+
+class EpochClock:
+    """Wall-clock and process CPU seconds of each epoch; CPU time is less hit by other processes."""
+
+    def __init__(self) -> None:
+        self.epochs: list[tuple[float, float]] = []
+
+    def start(self) -> None:
+        self.started = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
+
+
+class Run:
+    """What one loop needs: the data, the batch, the epochs, and where to write."""
+
+    def __init__(
+        self, args: argparse.Namespace, project: types.ModuleType, datasets: tuple[TensorDataset, ...], work: Path
+    ) -> None:
+        self.args, self.project, self.datasets, self.work = args, project, datasets, work
+        self.total_epochs = args.warmup_epochs + args.epochs
+        self.defaults = project.config.TrainConfig()  # lr, weight decay, clipping: the template's defaults
+
+    def timed(self, clock: EpochClock) -> list[tuple[float, float]]:
+        """The epochs after the warmup."""
+        if len(clock.epochs) != self.total_epochs:
+            raise RuntimeError(f"expected {self.total_epochs} timed epochs, got {len(clock.epochs)}")
+        return clock.epochs[self.args.warmup_epochs :]
+
+
+def run_generated(run: Run, round_index: int) -> list[tuple[float, float]]:
+    """The project's `train.main()` with the bigger train split; times `Trainer.train_epoch`."""
+    project, args = run.project, run.args
+    train_module, engine = project.train, project.engine
+    clock = EpochClock()
+
+    class TimedTrainer(engine.Trainer):  # type: ignore[name-defined,misc]
+        def train_epoch(self, epoch: int) -> dict[str, float]:
+            # A single process keeps every sample, the short last batch included; check it anyway.
+            sampler = getattr(self, "train_sampler", None)
+            if sampler is not None and sampler.samples_per_epoch != args.train_size:
+                raise RuntimeError(
+                    f"generated loop trains {sampler.samples_per_epoch} samples an epoch, not {args.train_size}"
+                )
+            clock.start()
+            result: dict[str, float] = super().train_epoch(epoch)
+            clock.stop()
+            return result
+
+    run_dir = run.work / f"runs/generated-{round_index}"
+    argv = [
+        "--device", "cpu",
+        "--run-dir", str(run_dir),
+        "--epochs", str(run.total_epochs),
+        "--global-batch-size", str(args.batch_size),
+    ]  # fmt: skip
+    if args.progress == "off":
+        argv.append("--no-progress")
+    with (
+        patched(train_module, Trainer=TimedTrainer, build_datasets=lambda config: run.datasets),
+        pretend_tty(sys.stderr, args.progress == "tty"),
+    ):
+        code = train_module.main(argv)
+    if code != 0:
+        raise RuntimeError(f"generated train.main exited with {code}")
+    return run.timed(clock)
+
+
+def run_hand_written(run: Run, round_index: int) -> list[tuple[float, float]]:
+    """What a competent user writes by hand: same model, data, batch, AdamW and clipping."""
+    config = run.defaults
+    model = fresh_model(run.project)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    loader = DataLoader(run.datasets[0], batch_size=run.args.batch_size, shuffle=True)
+    scheduler = None
+    if run.args.hand_schedule:  # the project's own warmup + cosine schedule, stepped every update
+        scheduler = run.project.optim.build_scheduler(optimizer, config, len(loader) * run.total_epochs)
+    clock = EpochClock()
+    for epoch in range(run.total_epochs):
+        clock.start()
+        model.train()
+        loss_sum = torch.zeros(())
+        for inputs, targets in loader:
+            loss = F.cross_entropy(model(inputs), targets, reduction="none")
+            loss.mean().backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach().sum()
+        print(f"hand-written epoch {epoch + 1}: train_loss {loss_sum.item() / len(run.datasets[0]):.4f}", flush=True)
+        clock.stop()
+    return run.timed(clock)
+
+
+def run_lightning(run: Run, round_index: int) -> list[tuple[float, float]]:
+    """lightning.Trainer with everything optional off; a callback times each training epoch."""
+    import lightning as L  # imported here: a few seconds, and only when asked for
+
+    config = run.defaults
+
+    class Module(L.LightningModule):
+        def __init__(self, net: torch.nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
+            inputs, targets = batch
+            return F.cross_entropy(self.net(inputs), targets, reduction="none").mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    clock = EpochClock()
+
+    class EpochTimer(L.Callback):
+        def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+            clock.start()
+
+        def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+            clock.stop()
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=run.total_epochs,
+        gradient_clip_val=config.max_grad_norm,
+        gradient_clip_algorithm="norm",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[EpochTimer()],
+        default_root_dir=str(run.work / f"runs/lightning-{round_index}"),
+    )
+    loader = DataLoader(run.datasets[0], batch_size=run.args.batch_size, shuffle=True)
+    trainer.fit(Module(fresh_model(run.project)), train_dataloaders=loader)
+    return run.timed(clock)
+
+
+# --- driver ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def patched(module: types.ModuleType, **attributes: object) -> Iterator[None]:
+    saved = {name: getattr(module, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def pretend_tty(stream: object, enabled: bool) -> Iterator[None]:
+    """Make `stream.isatty()` return True, so the template's ProgressBar draws as on a terminal."""
+    if not enabled:
+        yield
+        return
+    stream.isatty = lambda: True  # type: ignore[attr-defined]  # shadows the method on this one object
+    try:
+        yield
+    finally:
+        del stream.isatty  # type: ignore[attr-defined]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore")  # Lightning's hints about workers and loggers
+    loops: dict[str, Callable[[Run, int], list[tuple[float, float]]]] = {
+        "generated": run_generated,
+        "hand-written": run_hand_written,
+    }
+    if not args.skip_lightning:
+        loops["lightning"] = run_lightning
+    work = Path(tempfile.mkdtemp(prefix="looptpl-bench-"))
+    try:
+        project = render_project(work)
+        run = Run(args, project, build_datasets(project, args.train_size), work)
+        timings: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in loops}  # [round][epoch]
+        names = list(loops)
+        load_before = os.getloadavg()[0]
+        started = time.perf_counter()
+        for round_index in range(args.rounds):
+            # Rotate the order each round, so no loop always runs first (or right after Lightning).
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                torch.set_num_threads(args.threads)
+                gc.collect()
+                epochs = loops[name](run, round_index)
+                if torch.get_num_threads() != args.threads:
+                    raise RuntimeError(f"{name} changed torch's thread count to {torch.get_num_threads()}")
+                timings[name].append(epochs)
+                seconds = " ".join(f"{w:.3f}" for w, _ in epochs)
+                print(
+                    f"[round {round_index + 1}/{args.rounds}] {name:<12} {rate(args, epochs, 0):>9,.0f} samples/s "
+                    f"({rate(args, epochs, 1):,.0f} per CPU-s); epochs {seconds} s",
+                    flush=True,
+                )
+        elapsed = time.perf_counter() - started
+        report(args, timings, elapsed, (load_before, os.getloadavg()[0]))
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def template_revision() -> str:
+    """The commit the template was rendered from, and whether uncommitted template edits went in too."""
+    git = ["git", "-C", str(REPO)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "templates"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted template edits" if dirty.stdout.strip() else "")
+
+
+def rate(args: argparse.Namespace, epochs: list[tuple[float, float]], clock: int) -> float:
+    """Samples per second over `epochs`, by wall clock (clock 0) or process CPU time (clock 1)."""
+    samples: int = args.train_size * len(epochs)
+    return samples / sum(epoch[clock] for epoch in epochs)
+
+
+def report(
+    args: argparse.Namespace,
+    timings: dict[str, list[list[tuple[float, float]]]],
+    elapsed: float,
+    load: tuple[float, float],
+) -> None:
+    cores = os.cpu_count() or 1
+    print(
+        f"\ntorch {torch.__version__}, {args.threads} thread(s) on {cores} CPUs; train {args.train_size} samples, "
+        f"batch {args.batch_size}, {args.warmup_epochs} warmup + {args.epochs} timed epochs x {args.rounds} rounds; "
+        f"progress bar {args.progress}; hand-written schedule {'warmup+cosine' if args.hand_schedule else 'none'}; "
+        f"template {template_revision()}; {elapsed:.0f}s; load average {load[0]:.1f} -> {load[1]:.1f}"
+    )
+    if max(load) > cores:
+        print(f"warning: load average above {cores}: other processes share the CPUs, so expect noise")
+    # Per round: samples/s over its timed epochs. Best epoch: the fastest single epoch of any round,
+    # the estimate least hurt by other processes (they can only slow an epoch down).
+    wall = {name: [rate(args, epochs, 0) for epochs in rounds] for name, rounds in timings.items()}
+    cpu = {name: [rate(args, epochs, 1) for epochs in rounds] for name, rounds in timings.items()}
+    best = {
+        name: max(rate(args, [epoch], 0) for epochs in rounds for epoch in epochs) for name, rounds in timings.items()
+    }
+    print(f"{'loop':<14}{'samples/s median':>18}{'min .. max':>22}{'best epoch':>12}{'per CPU-s median':>18}")
+    for name in timings:
+        print(
+            f"{name:<14}{statistics.median(wall[name]):>18,.0f}{spread(wall[name]):>22}"
+            f"{best[name]:>12,.0f}{statistics.median(cpu[name]):>18,.0f}"
+        )
+    for baseline in [name for name in timings if name != "generated"]:
+        # Paired by round: the two runs were back to back, so a ratio cancels slow phases of the machine.
+        ratios = [g / b for g, b in zip(wall["generated"], wall[baseline], strict=True)]
+        cpu_ratio = statistics.median(g / b for g, b in zip(cpu["generated"], cpu[baseline], strict=True))
+        median = statistics.median(ratios)
+        line = (
+            f"generated / {baseline:<12}: {median:.3f}x median of rounds (range {min(ratios):.3f} .. "
+            f"{max(ratios):.3f}), {best['generated'] / best[baseline]:.3f}x best epochs, {cpu_ratio:.3f}x CPU time"
+        )
+        if baseline == "hand-written":
+            line += f"  [{'meets' if median >= TARGET_RATIO else 'below'} the {TARGET_RATIO}x target]"
+        print(line)
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.0f} .. {max(values):,.0f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
