@@ -1,0 +1,155 @@
+"""Run configuration: one typed dataclass, its command line, and its checks.
+
+Managed by the looptpl template: put your own code in model.py, data.py, loss.py, metrics.py
+and optim.py.
+"""
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run. Each field is a command-line flag: `global_batch_size` is
+    `--global-batch-size`, and a boolean `progress` is switched off with `--no-progress`."""
+
+    epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
+    global_batch_size: int = field(
+        default=64,
+        metadata={"help": "Samples per optimizer update, summed over all replicas and accumulation steps."},
+    )
+    grad_accum_steps: int = field(
+        default=1, metadata={"help": "Micro-batches accumulated per optimizer update on each replica."}
+    )
+    lr: float = field(default=3e-3, metadata={"help": "Peak learning rate, reached after warmup."})
+    weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay."})
+    schedule: Literal["cosine", "constant"] = field(
+        default="cosine", metadata={"help": "Learning-rate shape after warmup."}
+    )
+    warmup_steps: int = field(default=20, metadata={"help": "Optimizer updates of linear warmup."})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = field(
+        default="fp32",
+        metadata={"help": "Keras mixed-precision policy: bf16 or fp16 compute, fp32 weights; fp16 adds loss scaling."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for weights and shuffling."})
+    run_dir: str = field(
+        default="runs", metadata={"help": "Directory for the config, metrics, checkpoints and summary."}
+    )
+    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in --run-dir."})
+    stop_after_epoch: int = field(
+        default=0,
+        metadata={"help": "Stop after this epoch, e.g. to fit a job time limit; --resume later continues. 0: run all."},
+    )
+    eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per replica."})
+    shuffle_buffer: int = field(
+        default=0, metadata={"help": "Training samples held for shuffling; 0 shuffles the whole train set."}
+    )
+    cpu_replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Split the CPU into this many logical devices, one replica each, to run the multi-replica "
+            "path without GPUs; 0 uses every local GPU, or the CPU when there is none."
+        },
+    )
+    monitor: str = field(
+        default="val_loss", metadata={"help": "Metric that picks the best checkpoint and early stopping."}
+    )
+    monitor_mode: Literal["min", "max"] = field(
+        default="min", metadata={"help": "Whether a lower or a higher --monitor value is better."}
+    )
+    early_stop_patience: int = field(
+        default=0, metadata={"help": "Stop after this many epochs without improvement; 0 never stops early."}
+    )
+    test_on: Literal["best", "last"] = field(
+        default="best", metadata={"help": "Which checkpoint the final test evaluates."}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "Epoch checkpoints kept besides the best."})
+    log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
+
+    def validate(self) -> None:
+        """Reject values that cannot work, naming the flag."""
+        positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
+        non_negative = [
+            "lr",
+            "weight_decay",
+            "warmup_steps",
+            "max_grad_norm",
+            "shuffle_buffer",
+            "cpu_replicas",
+            "early_stop_patience",
+            "stop_after_epoch",
+        ]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+
+    def check_batch_split(self, replicas: int) -> int:
+        """Return the per-replica micro-batch size, or explain why the global batch does not split."""
+        replicas_times_accum = replicas * self.grad_accum_steps
+        if self.global_batch_size % replicas_times_accum:
+            raise ConfigError(
+                f"--global-batch-size {self.global_batch_size} must be divisible by replicas x "
+                f"--grad-accum-steps = {replicas} x {self.grad_accum_steps}; "
+                f"use a multiple of {replicas_times_accum}"
+            )
+        return self.global_batch_size // replicas_times_accum
+
+
+# Settings baked into the schedule, the optimizer state or the data order: a resumed run must keep them.
+FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed")
+
+
+def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:
+    """Refuse to resume with settings that would make the rest of the run differ from the start."""
+    changed = [
+        f"--{flag(name)} {getattr(config, name)} (the run used {saved[name]})"
+        for name in FIXED_FOR_A_RUN
+        if name in saved and saved[name] != getattr(config, name)
+    ]
+    if changed:
+        raise ConfigError(
+            f"cannot resume with a changed {', '.join(changed)}; pass the run's values, or start a new --run-dir"
+        )
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name."""
+    return name.replace("_", "-")
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Build the config from the command line (every field is a flag) and validate it."""
+    parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
+    types = typing.get_type_hints(TrainConfig)
+    for item in dataclasses.fields(TrainConfig):
+        kind, help_text = types[item.name], item.metadata["help"]
+        if kind is bool:
+            parser.add_argument(
+                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=item.default, help=help_text
+            )
+        elif typing.get_origin(kind) is Literal:
+            parser.add_argument(
+                f"--{flag(item.name)}", choices=typing.get_args(kind), default=item.default, help=help_text
+            )
+        else:
+            parser.add_argument(f"--{flag(item.name)}", type=kind, default=item.default, help=help_text)
+    config = TrainConfig(**vars(parser.parse_args(argv)))
+    try:
+        config.validate()
+    except ConfigError as error:
+        parser.error(str(error))
+    return config
