@@ -8,6 +8,14 @@ from pathlib import Path
 
 from looptpl.errors import LooptplError
 
+# The identity of commits looptpl makes where git has none configured, so they never fail for lack of one.
+FALLBACK_IDENTITY = {
+    "GIT_AUTHOR_NAME": "looptpl",
+    "GIT_AUTHOR_EMAIL": "looptpl@localhost",
+    "GIT_COMMITTER_NAME": "looptpl",
+    "GIT_COMMITTER_EMAIL": "looptpl@localhost",
+}
+
 
 def require_git(why: str) -> None:
     """Fail early, with the reason git is needed, when it is not installed."""
@@ -36,3 +44,9 @@ def succeeds(*args: str, cwd: Path) -> bool:
     """Whether `git ARGS` exits with 0 (for yes/no questions such as "is this a known ref?")."""
     result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, stdin=subprocess.DEVNULL)
     return result.returncode == 0
+
+
+def identity_if_missing(cwd: Path) -> dict[str, str]:
+    """FALLBACK_IDENTITY where git has no author or committer configured for `cwd`, else nothing."""
+    known = all(succeeds("var", name, cwd=cwd) for name in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"))
+    return {} if known else FALLBACK_IDENTITY

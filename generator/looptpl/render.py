@@ -6,7 +6,6 @@ half-written project behind.
 
 import os
 import shutil
-import subprocess
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -15,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from looptpl.errors import LooptplError
+from looptpl.gitcmd import git, identity_if_missing
 from looptpl.store import installed_template
 from looptpl.validation import check_destination, nearest_existing_parent
-
-# Used only where git has no identity configured, so the first commit never fails for lack of one.
-FALLBACK_IDENTITY = ("-c", "user.name=looptpl", "-c", "user.email=looptpl@localhost")
 
 
 @dataclass(frozen=True)
@@ -86,15 +83,10 @@ def _copier_copy(destination: Path, answers: Mapping[str, Any], interactive: boo
 
 def _git_init_and_commit(project: Path) -> None:
     """Make the project a git repository with one commit, so `copier update` can merge later."""
-    configured = subprocess.run(["git", "config", "user.email"], cwd=project, capture_output=True).returncode == 0
-    identity = () if configured else FALLBACK_IDENTITY
-    commands = (
-        ["git", "init", "--quiet", "--initial-branch", "main"],
-        ["git", "add", "--all"],
-        ["git", *identity, "commit", "--quiet", "--no-verify", "-m", "Generate project with looptpl"],
-    )
-    for command in commands:
-        result = subprocess.run(command, cwd=project, capture_output=True, text=True)
-        if result.returncode != 0:
-            detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output"
-            raise LooptplError(f"`{' '.join(command)}` failed ({detail}); pass --no-git to skip git", exit_code=1)
+    try:
+        git("init", "--quiet", "--initial-branch", "main", cwd=project)
+        git("add", "--all", cwd=project)
+        message = "Generate project with looptpl"
+        git("commit", "--quiet", "--no-verify", "-m", message, cwd=project, env=identity_if_missing(project))
+    except LooptplError as error:
+        raise LooptplError(f"{error}; pass --no-git to skip git", exit_code=1) from None

@@ -17,18 +17,15 @@ from pathlib import Path
 import looptpl
 from looptpl import template_source
 from looptpl.errors import LooptplError
-from looptpl.gitcmd import git, require_git
+from looptpl.gitcmd import FALLBACK_IDENTITY, git, require_git
 
 HOME_ENV = "LOOPTPL_HOME"
 TEMPLATE_PATHS = ("copier.yml", "templates")
 NOT_TEMPLATE = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc")
 # A fixed identity and date make the commit a function of the template alone.
 COMMIT_ENV = {
-    "GIT_AUTHOR_NAME": "looptpl",
-    "GIT_AUTHOR_EMAIL": "looptpl@localhost",
+    **FALLBACK_IDENTITY,
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
-    "GIT_COMMITTER_NAME": "looptpl",
-    "GIT_COMMITTER_EMAIL": "looptpl@localhost",
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
 }
 NO_COMMIT = "0" * 40

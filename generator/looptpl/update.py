@@ -18,18 +18,12 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from looptpl.errors import LooptplError
-from looptpl.gitcmd import git, require_git, succeeds
+from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.store import TemplateRef, has_tag, installed_template
 
 ANSWERS = ".copier-answers.yml"
 REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
 MARKERS = ("<<<<<<< ", ">>>>>>> ")
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "looptpl",
-    "GIT_AUTHOR_EMAIL": "looptpl@localhost",
-    "GIT_COMMITTER_NAME": "looptpl",
-    "GIT_COMMITTER_EMAIL": "looptpl@localhost",
-}
 
 
 class Conflict(str, Enum):
@@ -192,8 +186,7 @@ def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
     from plumbum import local  # copier runs git through plumbum, whose environment is set here
 
     # Copier commits in scratch repositories; give git an identity where none is configured.
-    known = all(succeeds("var", name, cwd=project) for name in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"))
-    identity = {} if known else IDENTITY
+    identity = identity_if_missing(project)
     try:
         with warnings.catch_warnings(), local.env(**identity):
             warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
