@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, looptpl, run
+from conftest import REPO_ROOT, answers, looptpl, run
 
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
@@ -86,3 +86,26 @@ def test_digits_example_is_lint_clean(example):
     for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         result = run([sys.executable, "-m", *command], cwd=example, timeout=120)
         assert result.returncode == 0, result.stdout
+
+
+USER_FILES = {"data.py", "model.py", "loss.py", "metrics.py", "optim.py"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_digits_example_runs_the_current_engine(example, tmp_path):
+    # An example shows today's template: its template-owned files equal a fresh render of its answers.
+    # After a template change, refresh them with `looptpl update` in a copy, or copy them from a fresh render.
+    recorded = answers(example)
+    fresh = tmp_path / "fresh"
+    questions = ("project_name", "package_name", "description")
+    data = [f"--data={name}={recorded[name]}" for name in questions]
+    result = looptpl(
+        "new", str(fresh), "--backend", recorded["backend"], "--strategy", recorded["strategy"], "--no-git", *data
+    )
+    assert result.exit_code == 0, result.stderr
+    package = Path("src") / recorded["package_name"]
+    engine_files = [
+        path for path in (fresh / package).iterdir() if path.suffix == ".py" and path.name not in USER_FILES
+    ]
+    stale = [path.name for path in engine_files if (example / package / path.name).read_bytes() != path.read_bytes()]
+    assert not stale, f"{example.name}: engine files differ from the template: {stale}"

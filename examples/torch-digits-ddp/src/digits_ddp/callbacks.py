@@ -1,7 +1,7 @@
-"""Early stopping, metric logs and the progress bar. Managed by the looptpl template: edit metrics.py instead.
+"""Early stopping, the NaN policy, metric logs and the progress bar. Managed by the looptpl template.
 
-Only rank 0 builds a `MetricLogger` or a `ProgressBar`. `EarlyStopping` runs on every rank
-with the same all-reduced metric values, and rank 0's decision is shared (engine.py).
+Only rank 0 builds a `MetricLogger` or a `ProgressBar`. `EarlyStopping` and `NonFiniteGuard` run
+on every rank with the same all-reduced values, so every rank takes the same decision.
 """
 
 import csv
@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
+
+from .errors import TrainingError
 
 
 class EarlyStopping:
@@ -42,6 +44,38 @@ class EarlyStopping:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.epochs_without_improvement = state["bad_epochs"]
+
+
+class NonFiniteGuard:
+    """What a NaN/inf gradient does to the run (--nan-policy): stop it, or skip that update.
+
+    A skipped update changes nothing: no weights, no optimizer state, no schedule step. Many
+    skips in a row mean the weights themselves have diverged, so the run stops after
+    --max-consecutive-skips of them.
+    """
+
+    def __init__(self, policy: Literal["stop", "skip"], max_consecutive_skips: int, announce: bool) -> None:
+        self.skips_updates = policy == "skip"
+        self.max_consecutive_skips = max_consecutive_skips
+        self.announce = announce  # rank 0 prints the warnings
+        self.consecutive = 0
+        self.skipped_this_epoch = 0
+
+    def allow_update(self, gradients_finite: bool, epoch: int, step: int) -> bool:
+        """Return whether the update may go ahead; raise when the run should stop instead."""
+        if gradients_finite:
+            self.consecutive = 0
+            return True
+        self.consecutive += 1
+        self.skipped_this_epoch += 1
+        if self.consecutive > self.max_consecutive_skips:
+            raise TrainingError(
+                f"the gradients were NaN/inf for {self.consecutive} updates in a row (epoch {epoch + 1}, step {step}); "
+                "the weights have diverged: lower --lr, check your data for NaN/inf, or use --precision fp32"
+            )
+        if self.announce:
+            print(f"warning: NaN/inf gradients at epoch {epoch + 1}, step {step}: update skipped", flush=True)
+        return False
 
 
 class MetricLogger:

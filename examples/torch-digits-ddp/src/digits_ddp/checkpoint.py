@@ -5,6 +5,7 @@ any DDP `module.` prefix, so it loads into any strategy and any number of ranks.
 loaded with `weights_only=True`: a checkpoint can hold tensors and plain data, never code.
 """
 
+import math
 import os
 import random
 import shutil
@@ -28,17 +29,23 @@ FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 FULL = StateDictOptions(full_state_dict=True)
 
 
-def rng_state(runtime: Runtime) -> dict[str, Any]:
-    """This rank's random generators, so a resumed run draws the same numbers."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+def rng_state(runtime: Runtime) -> dict[str, torch.Tensor]:
+    """This rank's random generators as tensors, so a resumed run draws the same numbers."""
+    _, python_state, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": torch.tensor(python_state, dtype=torch.int64),
+        "python_gauss": torch.tensor([math.nan if gauss_next is None else gauss_next], dtype=torch.float64),
+    }
     if runtime.device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(runtime.device)
     return state
 
 
-def set_rng_state(state: dict[str, Any], runtime: Runtime) -> None:
+def set_rng_state(state: dict[str, torch.Tensor], runtime: Runtime) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    gauss_next = state["python_gauss"].item()
+    random.setstate((3, tuple(state["python"].tolist()), None if math.isnan(gauss_next) else gauss_next))
     if "cuda" in state and runtime.device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], runtime.device)
 
@@ -56,7 +63,10 @@ class Checkpointer:
     ) -> None:
         """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
         model_state, optimizer_state = get_state_dict(model, optimizer, options=FULL_ON_RANK0)
-        rng_states = distributed.all_gather_objects(rng_state(self.runtime))
+        gathered = {name: distributed.all_gather(value) for name, value in rng_state(self.runtime).items()}
+        rng_states = [
+            {name: values[rank] for name, values in gathered.items()} for rank in range(self.runtime.world_size)
+        ]
         problem = ""
         if self.runtime.is_main:
             payload = {

@@ -35,6 +35,13 @@ class TrainConfig:
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
     )
+    nan_policy: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={"help": "On NaN/inf gradients: stop the run, or skip that update (one host sync per update)."},
+    )
+    max_consecutive_skips: int = field(
+        default=10, metadata={"help": "With --nan-policy skip: stop once this many updates in a row were skipped."}
+    )
     precision: Literal["fp32", "bf16", "fp16"] = field(
         default="fp32", metadata={"help": "Autocast precision; fp16 adds dynamic loss scaling."}
     )
@@ -74,7 +81,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Reject values that cannot work, naming the flag."""
-        positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
+        positive = [
+            "epochs",
+            "global_batch_size",
+            "grad_accum_steps",
+            "eval_batch_size",
+            "log_every",
+            "max_consecutive_skips",
+        ]
         positive.append("dist_timeout_s")
         for name in positive:
             if getattr(self, name) < 1:
@@ -91,6 +105,11 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.nan_policy == "skip" and self.precision == "fp16":
+            raise ConfigError(
+                "--nan-policy skip does not combine with --precision fp16, whose loss scaler already skips updates "
+                "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
+            )
         if self.keep_checkpoints < 1:
             raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
 

@@ -9,7 +9,6 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,8 +17,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .config import TrainConfig
 from .errors import ConfigError
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,11 +143,18 @@ def agree(decision: bool) -> bool:
     return bool(flag.item())
 
 
-def all_gather_objects(value: T) -> list[T]:
-    """One picklable value per rank, in rank order. Every rank must call it."""
-    gathered: list[T] = [value] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+def is_finite(value: torch.Tensor) -> bool:
+    """Whether a value that every rank holds alike (a gradient norm, say) is finite."""
+    return bool(torch.isfinite(value).item())
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """This tensor from every rank, in rank order, on the CPU; every rank must call it with the same
+    shape and dtype. (Tensors, not pickled objects: object collectives would need numpy.)"""
+    local = tensor.to(_collective_device())
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [value.cpu() for value in gathered]
 
 
 def barrier() -> None:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import distributed
-from .callbacks import EarlyStopping, MetricLogger, ProgressBar
+from .callbacks import EarlyStopping, MetricLogger, NonFiniteGuard, ProgressBar
 from .checkpoint import Checkpointer
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
@@ -56,6 +56,7 @@ class Trainer:
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
         self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
+        self.nan_guard = NonFiniteGuard(config.nan_policy, config.max_consecutive_skips, runtime.is_main)
         self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
         self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
@@ -83,8 +84,11 @@ class Trainer:
         self.progress.start(epoch + 1, self.config.epochs, len(global_batch_sizes))
         epoch_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
         window_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        epoch_samples = window_samples = 0
+        epoch_samples = window_samples = skipped_samples = 0
+        self.nan_guard.skipped_this_epoch = 0
         for update, global_batch_size in enumerate(global_batch_sizes):
+            update_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
+            update_samples = 0
             for micro_step in range(self.config.grad_accum_steps):
                 inputs, targets = self._to_device(next(batches))
                 # Gradients are synchronized only on the last micro-step of an update.
@@ -100,12 +104,15 @@ class Trainer:
                     # actually in this global batch, so a short last batch is averaged over its true size.
                     scaled_loss = losses.sum() * (self.runtime.world_size / global_batch_size)
                     self.scaler.scale(scaled_loss).backward()
-                batch_loss = losses.detach().sum(dtype=torch.float64)
-                epoch_loss += batch_loss
-                window_loss += batch_loss
-                epoch_samples += len(targets)
-                window_samples += len(targets)
-            self._optimizer_step()
+                update_loss += losses.detach().sum(dtype=torch.float64)
+                update_samples += len(targets)
+            if self._optimizer_step(epoch):
+                epoch_loss += update_loss
+                window_loss += update_loss
+                epoch_samples += update_samples
+                window_samples += update_samples
+            else:  # --nan-policy skip dropped this update: its samples count as not trained on
+                skipped_samples += global_batch_size
             if (update + 1) % self.config.log_every == 0 or update + 1 == len(global_batch_sizes):
                 # One small all-reduce every --log-every updates: the global running loss, checked for
                 # NaN/inf on every rank alike so all ranks stop together.
@@ -115,19 +122,29 @@ class Trainer:
                 window_loss.zero_()
                 window_samples = 0
         self.progress.finish()
-        expected = self.train_sampler.samples_per_epoch
+        expected = self.train_sampler.samples_per_epoch - skipped_samples
         totals = distributed.all_reduce_sum(
             torch.stack([epoch_loss, torch.tensor(float(epoch_samples), dtype=torch.float64, device=epoch_loss.device)])
         )
         if round(totals[1].item()) != expected:
             raise TrainingError(f"ranks trained on {totals[1].item():.0f} samples this epoch, expected {expected}")
-        return {"train_loss": totals[0].item() / expected}
+        result = {"train_loss": totals[0].item() / max(1, expected)}
+        if self.nan_guard.skips_updates:
+            result["skipped_updates"] = self.nan_guard.skipped_this_epoch
+        return result
 
-    def _optimizer_step(self) -> None:
-        """Clip, step and schedule once the global batch's gradients are complete."""
+    def _optimizer_step(self, epoch: int) -> bool:
+        """Clip, step and schedule once the global batch's gradients are complete; False if skipped."""
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
-        if self.config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        if self.config.max_grad_norm > 0 or self.nan_guard.skips_updates:
+            # The norm of the whole, synchronized gradient: the same value on every rank.
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
+            # Reading the norm waits for the GPU, so only --nan-policy skip looks at it every update.
+            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(
+                distributed.is_finite(norm), epoch, self.step
+            ):
+                self.optimizer.zero_grad(set_to_none=True)
+                return False
         scale_before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -137,6 +154,7 @@ class Trainer:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        return True
 
     def _global_mean(self, loss_sum: torch.Tensor, samples: int) -> float:
         count = torch.tensor(float(samples), dtype=torch.float64, device=loss_sum.device)
@@ -209,6 +227,8 @@ class Trainer:
         """
         started, samples_trained = time.perf_counter(), 0
         stopped_early = False
+        if 0 < self.config.stop_after_epoch <= self.epoch:
+            return None  # e.g. torchrun restarted the ranks after that epoch's checkpoint was written
         for epoch in range(self.epoch, self.config.epochs):
             epoch_started = time.perf_counter()
             record: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch), **self.evaluate("val")}
