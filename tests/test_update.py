@@ -6,6 +6,7 @@ v1.1.0. An installed looptpl is simulated in-process by pointing it at an export
 wheel ships it), and for real by building two wheels and upgrading a fresh virtual environment.
 """
 
+import io
 import os
 import shutil
 import site
@@ -21,6 +22,7 @@ from conftest import REPO_ROOT, answers, looptpl, run
 import looptpl as looptpl_package
 from looptpl import store, template_source
 from looptpl.errors import LooptplError
+from looptpl.update import update_project
 
 V1, V2 = "v1.0.0", "v1.1.0"
 USER_FILES = ("data", "model", "loss", "metrics", "optim")
@@ -346,6 +348,46 @@ def test_store_refuses_a_different_template_under_a_stored_version(tmp_path, ins
     (template / "copier.yml").write_text((template / "copier.yml").read_text() + "\n# edited\n")
     with pytest.raises(LooptplError, match=r"holds a different template under v1\.0\.0 .* tag -d v1\.0\.0"):
         store.installed_template()
+
+
+def test_a_stored_template_is_recognised_without_running_git(tmp_path, monkeypatch, install):
+    install(V1)
+    stored = store.installed_template()
+
+    def no_git(*args: str, **kwargs: object) -> str:
+        raise AssertionError(f"git {' '.join(args)} ran")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "git", no_git)
+        assert store.installed_template() == stored  # the stamp from the first run vouches for the tag
+    home = tmp_path / "looptpl-home" / "template"
+    git(home, "tag", "-d", V1)
+    assert store.installed_template() == stored  # the tag is gone: stored again, not trusted from the stamp
+    assert git(home, "tag").split() == [V1]
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal, and keeps what is written to it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_update_shows_its_phases_on_a_terminal_only(tmp_path, monkeypatch, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    install(V2)
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    monkeypatch.setenv("COLUMNS", "300")  # no line wraps
+    update_project(project, dry_run=True)
+    assert f"Storing the template of looptpl 1.1.0 in {tmp_path / 'looptpl-home' / 'template'}" in screen.getvalue()
+    assert f"Merging template {V2} into {project}: rendering {V1} and the new template (in a clone)" in (
+        screen.getvalue()
+    )
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing is shown
+    update_project(project, dry_run=True)
+    assert sys.stderr.getvalue() == ""
 
 
 def test_release_tags_match_the_package_version():

@@ -7,17 +7,23 @@ commit has no parent and a fixed author, date and message, so a version's tag na
 on every machine. Generated projects record the store as `_src_path` and the tag as `_commit`.
 
 In a development checkout the repository itself is the template: nothing is stored there.
+
+Storing runs git five times, so once a version's tag is known to hold exactly the installed template,
+a stamp in the store says so: later runs hash the template files (milliseconds) and run no git.
 """
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import looptpl
 from looptpl import template_source
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import FALLBACK_IDENTITY, git, require_git
+from looptpl.progress import phase
 
 HOME_ENV = "LOOPTPL_HOME"
 TEMPLATE_PATHS = ("copier.yml", "templates")
@@ -37,12 +43,18 @@ class TemplateRef:
 
     url: str  # what copier is given as the source and records as `_src_path`
     ref: str  # a version tag in the store, or HEAD in a development checkout
-    label: str  # the version as messages name it: the tag, or `git describe` of the checkout
     checkout: bool  # a development checkout rather than the store
 
     @property
     def path(self) -> Path:
         return Path(self.url).expanduser()
+
+    @cached_property
+    def label(self) -> str:
+        """The version as messages name it: the tag, or `git describe` of the checkout (asked only when shown)."""
+        if not self.checkout:
+            return self.ref
+        return "checkout " + git("describe", "--tags", "--always", "HEAD", cwd=self.path).strip()
 
 
 def installed_template() -> TemplateRef:
@@ -50,12 +62,11 @@ def installed_template() -> TemplateRef:
     root = template_source.template_root()
     if template_source.is_git_checkout(root):
         require_git("the template of a development checkout is read through git")
-        label = git("describe", "--tags", "--always", "HEAD", cwd=root).strip()
-        return TemplateRef(str(root), "HEAD", f"checkout {label}", checkout=True)
+        return TemplateRef(str(root), "HEAD", checkout=True)
     tag = f"v{looptpl.__version__}"
     store = store_path()
     add_version(store, root, tag)
-    return TemplateRef(portable(store), tag, tag, checkout=False)
+    return TemplateRef(portable(store), tag, checkout=False)
 
 
 def store_path() -> Path:
@@ -79,6 +90,20 @@ def portable(path: Path) -> str:
 def add_version(store: Path, root: Path, tag: str) -> None:
     """Make `tag` in the store name the template at `root`; refuse if it already names a different one."""
     require_git("looptpl keeps the template of each version in a git repository to update projects")
+    stamp = store / ".git" / "looptpl-stamps" / f"{tag}-{_template_digest(root)}"
+    if stamp.is_file() and _loose_tag(store, tag) == stamp.read_text(encoding="utf-8"):
+        return  # this very template was stored under this tag before, and the tag still names that commit
+    with phase(f"Storing the template of looptpl {looptpl.__version__} in {portable(store)}..."):
+        commit = _store(store, root, tag)
+    try:
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(commit, encoding="utf-8")
+    except OSError:
+        pass  # only a shortcut for the next run
+
+
+def _store(store: Path, root: Path, tag: str) -> str:
+    """Commit the template to the store and tag it; the tag's commit (an error if it holds another template)."""
     if not (store / ".git").is_dir():
         try:
             store.mkdir(parents=True, exist_ok=True)
@@ -102,6 +127,30 @@ def add_version(store: Path, root: Path, tag: str) -> None:
             f"uses the stored one, delete it with `git -C {store} tag -d {tag}`",
             exit_code=1,
         )
+    return commit
+
+
+def _template_digest(root: Path) -> str:
+    """A hash of what `_commit_template` stores: each template file's path, executable bit and bytes."""
+    digest = hashlib.sha256()
+    paths = [root / TEMPLATE_PATHS[0], *sorted((root / TEMPLATE_PATHS[1]).rglob("*"))]
+    for path in paths:
+        if "__pycache__" in path.parts or path.suffix == ".pyc" or path.is_dir():
+            continue
+        link = path.is_symlink()
+        content = os.readlink(path).encode() if link else path.read_bytes()
+        executable = not link and bool(path.stat().st_mode & 0o111)
+        digest.update(f"{path.relative_to(root).as_posix()}\0{link:d}{executable:d}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()[:32]
+
+
+def _loose_tag(store: Path, tag: str) -> str | None:
+    """The commit the tag names, read from its ref file (as update-ref wrote it); None if packed or missing."""
+    try:
+        return (store / ".git" / "refs" / "tags" / tag).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
 
 
 def has_tag(store: Path, tag: str) -> bool:

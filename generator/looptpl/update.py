@@ -17,20 +17,15 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
+from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
 
 ANSWERS = ".copier-answers.yml"
 REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
 MARKERS = ("<<<<<<< ", ">>>>>>> ")
-
-
-class Conflict(str, Enum):
-    """How a template change that clashes with a user edit is left for the user."""
-
-    inline = "inline"
-    rej = "rej"
 
 
 class Status(Enum):
@@ -86,14 +81,18 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
         )
     if plan.status is Status.CURRENT:
         return Outcome(plan)
+    merging = f"Merging template {plan.template.ref} into {project}: rendering {plan.current} and the new template"
     if dry_run:
         with tempfile.TemporaryDirectory(prefix="looptpl-dry-run-") as scratch:
-            git("clone", "--quiet", "--", str(top), scratch, cwd=top)
+            with phase(f"Cloning {project} to try the update there..."):
+                git("clone", "--quiet", "--", str(top), scratch, cwd=top)
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
-            _run_copier(copy, plan.template.ref, conflict)
+            with phase(f"{merging} (in a clone)..."):
+                _run_copier(copy, plan.template.ref, conflict)
             return _outcome(plan, copy)
     try:
-        _run_copier(project, plan.template.ref, conflict)
+        with phase(f"{merging}..."):
+            _run_copier(project, plan.template.ref, conflict)
     except BaseException:
         # The tree was clean before: putting back HEAD undoes the partial update exactly.
         git("reset", "--hard", "--quiet", "HEAD", cwd=top)
@@ -163,7 +162,8 @@ def _version(tag: str) -> Version | None:
 def _check_repository(project: Path) -> Path:
     """The top of the project's git repository, which must have a commit and no uncommitted changes."""
     require_git("updates merge through git")
-    if not succeeds("rev-parse", "--show-toplevel", cwd=project):
+    top = git("rev-parse", "--show-toplevel", cwd=project, check=False).strip()
+    if not top:
         raise LooptplError(
             f"{project} is not a git repository; run `git init && git add --all && git commit -m Generate` in it "
             "first, so the update can be reviewed and undone"
@@ -177,7 +177,7 @@ def _check_repository(project: Path) -> Path:
             f"{project} has uncommitted changes ({shown}); commit or stash them first, so the update can be reviewed "
             "and undone"
         )
-    return Path(git("rev-parse", "--show-toplevel", cwd=project).strip())
+    return Path(top)
 
 
 def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
