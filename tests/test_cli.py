@@ -1,12 +1,14 @@
 """The CLI through Typer's CliRunner and as real subprocesses: success paths and every bad input."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pexpect
 import pytest
-from conftest import answers, looptpl, run
+from conftest import REPO_ROOT, answers, looptpl, run
 
 from looptpl import __version__
 from looptpl.variants import VARIANTS
@@ -67,11 +69,34 @@ def test_dry_run_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_no_terminal_means_defaults_and_no_waiting(tmp_path):
-    # A real subprocess whose stdin is not a terminal: nothing is asked, defaults are used.
+def test_no_terminal_and_no_backend_is_one_line_naming_the_flags(tmp_path):
+    # A real subprocess whose stdin is not a terminal: nobody can answer, so nothing waits for an answer.
     result = run([sys.executable, "-m", "looptpl", "new", str(tmp_path / "plain")], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout.startswith("error: --backend and --strategy are missing and there is no terminal to ask in")
+    assert "--defaults" in result.stdout and len(result.stdout.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_terminal_and_no_strategy_names_the_backends_strategies(tmp_path):
+    result = looptpl("new", str(tmp_path / "proj"), "--backend", "tensorflow")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --strategy is missing and there is no terminal to ask in; with --backend tensorflow pass one of: "
+        "one-device, mirrored, multi-worker, or --defaults for one-device"
+    )
+
+
+def test_defaults_without_a_terminal(tmp_path):
+    result = run([sys.executable, "-m", "looptpl", "new", "plain", "--defaults"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout
-    assert answers(tmp_path / "plain")["strategy"] == "single"
+    assert answers(tmp_path / "plain")["backend"] == "torch" and answers(tmp_path / "plain")["strategy"] == "single"
+
+
+def test_a_strategy_implies_its_backend(tmp_path):
+    result = looptpl("new", str(tmp_path / "proj"), "--strategy", "mirrored", "--no-git")
+    assert result.exit_code == 0, result.stderr
+    assert answers(tmp_path / "proj")["backend"] == "tensorflow"
 
 
 def test_help_as_a_subprocess():
@@ -82,7 +107,7 @@ def test_help_as_a_subprocess():
 
 def test_paths_with_spaces_and_non_ascii_characters(tmp_path):
     destination = tmp_path / "dossier été" / "new project"
-    result = looptpl("new", str(destination), "--name", "projet", "--no-git")
+    result = looptpl("new", str(destination), "--name", "projet", "--no-git", "--defaults")
     assert result.exit_code == 0, result.stderr
     assert (destination / "src" / "projet" / "train.py").is_file()
 
@@ -94,6 +119,8 @@ BAD_INPUTS = {
         "--strategy mirrored is a tensorflow strategy",
     ),
     "unknown strategy": (["--backend", "torch", "--strategy", "zero3"], "--strategy zero3 is not a known strategy"),
+    "unknown strategy alone": (["--strategy", "zero3"], "choose one of: single, ddp, fsdp, one-device, mirrored"),
+    "description breaking pyproject": (["--data", 'description=say "hi"'], "without double quotes or backslashes"),
     "name not an identifier": (["--name", "9lives"], "is not a valid project name"),
     "name with a path": (["--name", "../escape"], "is not a valid project name"),
     "keyword name": (["--name", "class"], "is a Python keyword"),
@@ -115,7 +142,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, flags, message
 
 
 def test_folder_name_that_is_not_a_project_name_asks_for_name(tmp_path):
-    result = looptpl("new", str(tmp_path / "my project"))
+    result = looptpl("new", str(tmp_path / "my project"), "--defaults")
     assert result.exit_code == 2
     assert "pass --name" in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -132,7 +159,7 @@ def test_non_empty_destination_is_left_untouched(tmp_path):
 
 def test_empty_destination_folder_is_used(tmp_path):
     (tmp_path / "proj").mkdir()
-    assert looptpl("new", str(tmp_path / "proj"), "--no-git").exit_code == 0
+    assert looptpl("new", str(tmp_path / "proj"), "--no-git", "--defaults").exit_code == 0
     assert (tmp_path / "proj" / "src" / "proj" / "train.py").is_file()
 
 
@@ -161,7 +188,7 @@ def test_a_failure_after_rendering_leaves_nothing_behind(tmp_path, monkeypatch):
         raise LooptplError("git exploded", exit_code=1)
 
     monkeypatch.setattr(render, "_git_init_and_commit", broken_git)
-    result = looptpl("new", str(tmp_path / "proj"))
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
     assert result.exit_code == 1
     assert "git exploded" in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -175,7 +202,7 @@ def test_bad_input_as_a_subprocess_has_no_traceback(tmp_path):
 
 def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
     project = tmp_path / "proj"
-    assert looptpl("new", str(project), "--no-git").exit_code == 0
+    assert looptpl("new", str(project), "--no-git", "--defaults").exit_code == 0
     result = looptpl("todo", str(project))
     assert result.exit_code == 1
     listed = result.stdout.splitlines()
@@ -194,3 +221,153 @@ def test_todo_outside_a_project_is_a_clear_error(tmp_path):
     result = looptpl("todo", str(tmp_path))
     assert result.exit_code == 2
     assert "is not a looptpl project" in result.stderr
+
+
+# --- a person at a terminal: questions, progress, shell completion -------------------------------
+
+
+def terminal(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> pexpect.spawn:
+    """`python -m looptpl ARGS` attached to a pseudo-terminal, as a person runs it."""
+    environment = {**os.environ, "TERM": "xterm", "LOOPTPL_HOME": str(cwd / "looptpl-home"), **(env or {})}
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "looptpl", *args],
+        cwd=str(cwd),
+        env=environment,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(24, 200),  # wide enough that no line wraps
+    )
+
+
+def finish(child: pexpect.spawn) -> str:
+    """Everything the program still prints, once it has exited."""
+    child.expect(pexpect.EOF)
+    child.close()
+    return str(child.before)
+
+
+def test_new_in_a_terminal_asks_each_question_and_uses_the_answers(tmp_path):
+    child = terminal(["new", "my-folder"], tmp_path)
+    child.expect_exact("Backend (torch, tensorflow) [torch]: ")
+    child.sendline("jax")
+    child.expect_exact("Error: choose one of: torch, tensorflow")  # asked again, not a crash
+    child.expect_exact("Backend (torch, tensorflow) [torch]: ")
+    child.sendline("tensorflow")
+    child.expect_exact("multi-worker  MultiWorkerMirroredStrategy")  # each strategy with when to use it
+    child.expect_exact("Strategy (one-device, mirrored, multi-worker) [one-device]: ")  # the backend's only
+    child.sendline("mirrored")
+    child.expect_exact("Project name [my-folder]: ")
+    child.sendline("json")
+    child.expect_exact("Error: package name 'json' would shadow the module 'json'")
+    child.expect_exact("Project name [my-folder]: ")
+    child.sendline("vision-net")
+    child.expect_exact("Description [A custom training loop generated by looptpl]: ")
+    child.sendline("Classifies images")
+    output = finish(child)
+    assert child.exitstatus == 0, output
+    assert "Created my-folder (tensorflow, mirrored)." in output
+    project = tmp_path / "my-folder"
+    assert {key: answers(project)[key] for key in ("backend", "strategy", "project_name", "package_name")} == {
+        "backend": "tensorflow",
+        "strategy": "mirrored",
+        "project_name": "vision-net",
+        "package_name": "vision_net",
+    }
+    assert "Classifies images" in (project / "README.md").read_text()
+    assert (project / ".git").is_dir()
+
+
+def test_new_in_a_terminal_takes_every_default_on_enter(tmp_path):
+    child = terminal(["new", "proj"], tmp_path)
+    for question in ("Backend", "Strategy (single, ddp, fsdp) [single]", "Project name [proj]", "Description"):
+        child.expect_exact(question)
+        child.sendline("")
+    output = finish(child)
+    assert child.exitstatus == 0, output
+    recorded = answers(tmp_path / "proj")
+    assert (recorded["backend"], recorded["strategy"], recorded["project_name"]) == ("torch", "single", "proj")
+    assert recorded["description"] == "A custom training loop generated by looptpl"  # copier.yml's default
+
+
+def test_new_in_a_terminal_asks_only_what_the_flags_leave_out_and_can_be_cancelled(tmp_path):
+    child = terminal(["new", "proj", "--backend", "torch", "--name", "net"], tmp_path)
+    child.expect_exact("Strategy (single, ddp, fsdp) [single]: ")
+    child.sendcontrol("c")
+    output = finish(child)
+    assert child.exitstatus == 130
+    assert "error: cancelled; nothing was written" in output and "Backend" not in output
+    assert not (tmp_path / "proj").exists()
+
+
+def fake_install(site: Path) -> Path:
+    """This checkout's looptpl laid out as a wheel installs it: the package with the template inside."""
+    package = site / "looptpl"
+    shutil.copytree(REPO_ROOT / "generator" / "looptpl", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "_template").mkdir()
+    shutil.copy(REPO_ROOT / "copier.yml", package / "_template")
+    shutil.copytree(REPO_ROOT / "templates", package / "_template" / "templates")
+    return site
+
+
+def test_storing_the_template_shows_progress_on_a_terminal_only(tmp_path):
+    env = {"PYTHONPATH": str(fake_install(tmp_path / "site"))}
+    child = terminal(["new", "first", "--defaults"], tmp_path, env)
+    output = finish(child)
+    assert child.exitstatus == 0, output
+    assert f"Storing the template of looptpl {__version__} in {tmp_path / 'looptpl-home' / 'template'}" in output
+    assert "Created first" in output
+    child = terminal(["new", "second", "--defaults"], tmp_path, env)
+    output = finish(child)
+    assert child.exitstatus == 0 and "Storing" not in output  # stored once per version
+
+    env["LOOPTPL_HOME"] = str(tmp_path / "another-home")  # stored again, but without a terminal: quiet
+    command = [sys.executable, "-m", "looptpl", "new", "third", "--defaults"]
+    result = subprocess.run(command, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Created third")
+
+
+def complete(words: str, shell: str = "bash") -> list[str]:
+    """What the shell completion script gets from looptpl for the command line `words` (cursor at its end)."""
+    env = {**os.environ, "_LOOPTPL_COMPLETE": f"complete_{shell}"}
+    if shell == "bash":
+        env |= {"COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
+    else:
+        env["_TYPER_COMPLETE_ARGS"] = words
+    result = subprocess.run([sys.executable, "-m", "looptpl"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_completion_offers_backends_and_the_backends_strategies():
+    assert complete("looptpl n") == ["new"]
+    assert complete("looptpl new proj --backend ") == ["torch", "tensorflow"]
+    assert complete("looptpl new proj --backend t") == ["torch", "tensorflow"]
+    assert complete("looptpl new proj --backend torch --strategy ") == ["single", "ddp", "fsdp"]
+    assert complete("looptpl new proj --backend tensorflow --strategy m") == ["mirrored", "multi-worker"]
+    assert complete("looptpl new proj --strategy ") == [variant.strategy for variant in VARIANTS]
+    zsh = "\n".join(complete("looptpl new proj --strategy d", shell="zsh"))
+    assert '"ddp":"DistributedDataParallel\\\\: one process per GPU, one or many nodes"' in zsh
+
+
+def test_completion_script_shows_and_installs(tmp_path):
+    command = [sys.executable, "-m", "looptpl"]
+    shown = subprocess.run([*command, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "_LOOPTPL_COMPLETE=complete_bash" in shown.stdout
+    env = {**os.environ, "HOME": str(tmp_path)}
+    installed = subprocess.run(
+        [*command, "--install-completion", "bash"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert installed.returncode == 0, installed.stderr
+    script = tmp_path / ".bash_completions" / "looptpl.sh"
+    assert script.read_text().strip() == shown.stdout.strip()
+    assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
+
+
+def test_help_and_completion_start_without_the_heavy_imports():
+    """`looptpl --help` and every TAB press import only Typer: copier, YAML, rich and git come with a command."""
+    heavy = ["copier", "yaml", "rich", "pydantic", "looptpl.gitcmd", "looptpl.store", "looptpl.update"]
+    probe = f"import sys, looptpl.cli; print([name for name in {heavy!r} if name in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr

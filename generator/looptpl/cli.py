@@ -1,16 +1,25 @@
-"""The `looptpl` command line. It parses and reports; the work happens in render.py and friends."""
+"""The `looptpl` command line. It parses and reports; the work happens in render.py and friends.
+
+Start-up matters (`looptpl --help`, shell completion): this module imports only Typer and looptpl's
+small modules; copier, YAML, rich and the git helpers are imported inside the commands that use them.
+"""
 
 import functools
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from looptpl import __version__
+from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
-from looptpl.update import Conflict, Outcome
+from looptpl.variants import BACKENDS, VARIANTS
+
+if TYPE_CHECKING:
+    from looptpl.update import Outcome
 
 app = typer.Typer(
     help="Generate a readable PyTorch or TensorFlow training loop that you own, then keep it up to date.",
@@ -20,7 +29,6 @@ app = typer.Typer(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-QUESTIONS = ("project_name", "package_name", "description", "backend", "strategy")
 
 
 def reports_errors(command: F) -> F:
@@ -53,6 +61,21 @@ def main_options(
     """Generate a readable PyTorch or TensorFlow training loop that you own, then keep it up to date."""
 
 
+def complete_backend(incomplete: str) -> list[str]:
+    """Shell completion for --backend."""
+    return [backend for backend in BACKENDS if backend.startswith(incomplete)]
+
+
+def complete_strategy(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """Shell completion for --strategy: the strategies of the --backend already typed (all without one)."""
+    backend = ctx.params.get("backend")
+    return [
+        (variant.strategy, variant.when.split(";")[0])  # the first clause fits beside the value (zsh, fish)
+        for variant in VARIANTS
+        if variant.strategy.startswith(incomplete) and backend in (None, variant.backend)
+    ]
+
+
 @app.command()
 @reports_errors
 def new(
@@ -60,18 +83,33 @@ def new(
         Path, typer.Argument(help="Folder to create the project in; it must not exist or be empty.")
     ],
     backend: Annotated[
-        str | None, typer.Option(help="Deep learning framework: torch or tensorflow. Asked for when omitted.")
+        str | None,
+        typer.Option(
+            help="Deep learning framework: torch or tensorflow. Asked for in a terminal when omitted; without a "
+            "terminal, required unless --defaults.",
+            autocompletion=complete_backend,
+        ),
     ] = None,
     strategy: Annotated[
         str | None,
-        typer.Option(help="How training is distributed (see `looptpl list`). Asked for when omitted."),
+        typer.Option(
+            help="How training is distributed (see `looptpl list`); it implies the backend. Asked for in a terminal "
+            "when omitted; without a terminal, required unless --defaults.",
+            autocompletion=complete_strategy,
+        ),
     ] = None,
     name: Annotated[
         str | None,
-        typer.Option(help="Project name; the package name is derived from it. Defaults to the folder name."),
+        typer.Option(
+            help="Project name; the package name is derived from it. Asked for in a terminal; otherwise the folder "
+            "name."
+        ),
     ] = None,
     defaults: Annotated[
-        bool, typer.Option("--defaults", help="Use the default for every question instead of asking.")
+        bool,
+        typer.Option(
+            "--defaults", help="Ask nothing: take the default for every missing answer (torch, single, folder name)."
+        ),
     ] = False,
     data: Annotated[
         list[str] | None,
@@ -84,54 +122,33 @@ def new(
         bool, typer.Option("--dry-run", help="Show the files that would be created; write nothing.")
     ] = False,
 ) -> None:
-    """Create a new training project from the template."""
+    """Create a new training project from the template; in a terminal, asks for what the flags leave out."""
+    from looptpl.questions import parse_data, settle_answers
     from looptpl.render import RenderRequest, render_project
-    from looptpl.validation import check_package_name, check_project_name, package_name_for
-    from looptpl.variants import find_variant
+    from looptpl.validation import check_destination
 
-    answers = parse_data(data or [])
-    interactive = sys.stdin.isatty() and not defaults
-    if backend is not None or not interactive:
-        backend = backend or "torch"
-        strategy = strategy or ("single" if backend == "torch" else "one-device")
-    if backend is not None and strategy is not None:
-        find_variant(backend, strategy)
-        answers.update(backend=backend, strategy=strategy)
-    elif strategy is not None:
-        answers["strategy"] = strategy
-    project_name = name or answers.get("project_name") or destination.absolute().name
-    if name is not None or not interactive:
-        check_project_name(project_name, "--name" if name else "the folder name (pass --name)")
-        answers["project_name"] = project_name
-        answers.setdefault("package_name", package_name_for(project_name))
-    if "package_name" in answers:
-        check_package_name(answers["package_name"], "--name" if name else "--data package_name")
-
-    files = render_project(
-        RenderRequest(destination=destination, answers=answers, interactive=interactive, git=git, dry_run=dry_run)
+    check_destination(destination)  # before any question: nobody wants to answer and then hear "not empty"
+    given = parse_data(data or [])
+    for key, value in (("backend", backend), ("strategy", strategy), ("project_name", name)):
+        if value is not None:
+            given[key] = value
+    answers = settle_answers(
+        destination,
+        given,
+        name_flag="--name" if name is not None else "--data project_name",
+        terminal=sys.stdin.isatty(),
+        defaults=defaults,
     )
+    files = render_project(RenderRequest(destination=destination, answers=answers, git=git, dry_run=dry_run))
     if dry_run:
         typer.echo(f"Would create {destination} with {len(files)} files:")
         typer.echo("\n".join(f"  {path}" for path in files))
         return
-    report_created(destination)
+    report_created(destination, answers)
 
 
-def parse_data(items: list[str]) -> dict[str, str]:
-    answers: dict[str, str] = {}
-    for item in items:
-        key, separator, value = item.partition("=")
-        if not separator or key not in QUESTIONS:
-            raise LooptplError(f"--data {item!r} must be KEY=VALUE with KEY one of: {', '.join(QUESTIONS)}")
-        answers[key] = value
-    return answers
-
-
-def report_created(destination: Path) -> None:
+def report_created(destination: Path, answers: dict[str, str]) -> None:
     """Tell the user what they got and what to run next."""
-    import yaml
-
-    answers = yaml.safe_load((destination / ".copier-answers.yml").read_text())
     package, strategy = answers["package_name"], answers["strategy"]
     launch = {
         "single": f"python -m {package}.train --epochs 3",
@@ -155,8 +172,6 @@ def list_variants() -> None:
     """Show every backend and strategy, when to use it, and how its project is launched."""
     from rich.console import Console
     from rich.table import Table
-
-    from looptpl.variants import VARIANTS
 
     table = Table("backend", "strategy", "when to use it", "launch", box=None)
     for variant in VARIANTS:
@@ -200,12 +215,9 @@ def update(
     ] = Conflict.inline,
 ) -> None:
     """Merge the installed looptpl's template into a project, keeping your edits; exit 1 if files need attention."""
-    from rich.console import Console
-
     from looptpl.update import Status, update_project
 
-    with Console(stderr=True).status(f"Updating {path}: rendering the old and the new template, merging..."):
-        outcome = update_project(path, conflict, dry_run)
+    outcome = update_project(path, conflict, dry_run)  # shows its phases on stderr in a terminal
     if outcome.plan.status is Status.CURRENT:
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
@@ -215,7 +227,7 @@ def update(
         raise typer.Exit(1)
 
 
-def report_update(path: Path, outcome: Outcome, conflict: Conflict, dry_run: bool) -> None:
+def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool) -> None:
     """List the changed files, the ones that clash with the user's edits, and what to do next."""
     action = "Would update" if dry_run else "Updated"
     typer.echo(f"{action} {path} from template {outcome.plan.current} to {outcome.plan.template.label}:")
@@ -257,4 +269,12 @@ def check(
 
 def main() -> None:
     """Entry point of the `looptpl` script."""
-    app(prog_name="looptpl")
+    # A command lives for a second or so and keeps little garbage, but the cyclic garbage collector
+    # would run dozens of times while copier's dependencies import and once more over every object at
+    # exit: about 0.15 s of `looptpl new` (docs/benchmarks.md). So it stays off, and what exists at exit
+    # is frozen out of the final collection.
+    gc.disable()
+    try:
+        app(prog_name="looptpl")
+    finally:
+        gc.freeze()

@@ -22,15 +22,14 @@ from looptpl.validation import check_destination, nearest_existing_parent
 @dataclass(frozen=True)
 class RenderRequest:
     destination: Path
-    answers: Mapping[str, Any]
-    interactive: bool
+    answers: Mapping[str, Any]  # every question answered: copier asks nothing
     git: bool
     dry_run: bool
 
 
 def render_project(request: RenderRequest) -> list[str]:
     """Render the project and return its files (relative paths); with dry_run nothing is kept."""
-    check_destination(request.destination)
+    check_destination(request.destination)  # again: the folder may have changed while the user answered
     if request.git and not request.dry_run and shutil.which("git") is None:
         raise LooptplError("git is not installed; install git or pass --no-git")
     parent = nearest_existing_parent(request.destination)
@@ -41,7 +40,7 @@ def render_project(request: RenderRequest) -> list[str]:
     try:
         # Render under the final folder name: the template uses it as the default project name.
         staged_project = staging / request.destination.name
-        _copier_copy(staged_project, request.answers, request.interactive)
+        _copier_copy(staged_project, request.answers)
         files = sorted(str(path.relative_to(staged_project)) for path in staged_project.rglob("*") if path.is_file())
         if request.dry_run:
             return files
@@ -56,7 +55,7 @@ def render_project(request: RenderRequest) -> list[str]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _copier_copy(destination: Path, answers: Mapping[str, Any], interactive: bool) -> None:
+def _copier_copy(destination: Path, answers: Mapping[str, Any]) -> None:
     import copier  # imported here: it is slow to import and `looptpl --help` does not need it
     from copier.errors import CopierError
 
@@ -70,7 +69,7 @@ def _copier_copy(destination: Path, answers: Mapping[str, Any], interactive: boo
                 template.url,
                 destination,
                 data=dict(answers),
-                defaults=not interactive,
+                defaults=True,
                 vcs_ref=template.ref,
                 quiet=True,
                 cleanup_on_error=True,

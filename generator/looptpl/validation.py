@@ -1,4 +1,8 @@
-"""Checks on names and the destination, run before anything is written."""
+"""Checks on names and the destination, run before anything is written.
+
+The `*_problem` functions say what is wrong in words that fit both a flag's error message and a
+question re-asked in the terminal; the `check_*` functions turn a problem into a LooptplError.
+"""
 
 import keyword
 import os
@@ -23,27 +27,43 @@ def package_name_for(project_name: str) -> str:
     return project_name.lower().replace("-", "_").replace(".", "_")
 
 
-def check_project_name(name: str, flag: str = "--name") -> None:
-    if not PROJECT_NAME.match(name):
-        raise LooptplError(
-            f"{flag} {name!r} is not a valid project name: start with a letter and use only letters, digits, "
-            "'.', '_' or '-' (pass --name my_project)"
+def project_name_problem(name: str) -> str | None:
+    if PROJECT_NAME.match(name):
+        return None
+    return f"{name!r} is not a valid project name: start with a letter and use only letters, digits, '.', '_' or '-'"
+
+
+def package_name_problem(name: str) -> str | None:
+    """A package name must import cleanly and must not hide a module the project needs."""
+    if not PACKAGE_NAME.match(name):
+        return (
+            f"package name {name!r} is not a valid Python identifier; use lowercase letters, digits and "
+            "underscores, e.g. my_project"
         )
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"package name {name!r} is a Python keyword; choose another, e.g. {name}_model"
+    if name in sys.stdlib_module_names or name in MAJOR_MODULES:
+        return f"package name {name!r} would shadow the module {name!r}; choose another, e.g. {name}_project"
+    return None
+
+
+def description_problem(description: str) -> str | None:
+    """The description goes into a quoted string in pyproject.toml, so it is one line without `"` or `\\`."""
+    if any(character in description for character in '"\\\n\r'):
+        return "the description must be one line without double quotes or backslashes (it goes into pyproject.toml)"
+    return None
+
+
+def check_project_name(name: str, flag: str = "--name") -> None:
+    problem = project_name_problem(name)
+    if problem:
+        raise LooptplError(f"{flag} {problem} (pass --name my_project)")
 
 
 def check_package_name(name: str, flag: str = "--name") -> None:
-    """A package name must import cleanly and must not hide a module the project needs."""
-    if not PACKAGE_NAME.match(name):
-        raise LooptplError(
-            f"{flag}: package name {name!r} is not a valid Python identifier; use lowercase letters, digits "
-            "and underscores, e.g. --name my_project"
-        )
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
-        raise LooptplError(f"{flag}: package name {name!r} is a Python keyword; choose another, e.g. {name}_model")
-    if name in sys.stdlib_module_names or name in MAJOR_MODULES:
-        raise LooptplError(
-            f"{flag}: package name {name!r} would shadow the module {name!r}; choose another, e.g. {name}_project"
-        )
+    problem = package_name_problem(name)
+    if problem:
+        raise LooptplError(f"{flag}: {problem}")
 
 
 def check_destination(destination: Path) -> None:

@@ -53,17 +53,27 @@ BACKENDS = tuple(dict.fromkeys(variant.backend for variant in VARIANTS))
 
 
 def strategies(backend: str) -> list[str]:
+    """The backend's strategies, its default (the simplest) first, as copier.yml defaults it."""
     return [variant.strategy for variant in VARIANTS if variant.backend == backend]
+
+
+def backend_of(strategy: str) -> str | None:
+    """The backend a strategy belongs to (no two backends share a strategy name), or None if unknown."""
+    return next((variant.backend for variant in VARIANTS if variant.strategy == strategy), None)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise LooptplError(f"--backend {backend} is not supported; choose one of: {', '.join(BACKENDS)}")
 
 
 def find_variant(backend: str, strategy: str) -> Variant:
     """The variant for these flags, or an error that names the valid choices."""
-    if backend not in BACKENDS:
-        raise LooptplError(f"--backend {backend} is not supported; choose one of: {', '.join(BACKENDS)}")
+    check_backend(backend)
     for variant in VARIANTS:
         if variant.backend == backend and variant.strategy == strategy:
             return variant
-    owner = next((v.backend for v in VARIANTS if v.strategy == strategy), None)
+    owner = backend_of(strategy)
     problem = f"is a {owner} strategy" if owner else "is not a known strategy"
     raise LooptplError(
         f"--strategy {strategy} {problem}; with --backend {backend} choose one of: {', '.join(strategies(backend))}"
