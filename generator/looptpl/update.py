@@ -81,7 +81,8 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
         )
     if plan.status is Status.CURRENT:
         return Outcome(plan)
-    merging = f"Merging template {plan.template.ref} into {project}: rendering {plan.current} and the new template"
+    label = plan.template.label
+    merging = f"Merging template {label} into {project}: rendering {plan.current} and the new template"
     if dry_run:
         with tempfile.TemporaryDirectory(prefix="looptpl-dry-run-") as scratch:
             with phase(f"Cloning {project} to try the update there..."):
