@@ -24,4 +24,5 @@ def build_optimizer(
     gradients before summing them; the engine clips the summed gradient (--max-grad-norm).
     """
     # TODO(optim): choose your optimizer; --lr (through the schedule) and --weight-decay feed it.
-    return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
+    # epsilon=1e-8 is PyTorch's default (Keras' is 1e-7): the torch and TensorFlow templates then train alike.
+    return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay, epsilon=1e-8)

@@ -1,0 +1,194 @@
+"""The torch and TensorFlow templates implement the same training semantics.
+
+A torch `single` and a TensorFlow `one-device` project get the same linear model, the same initial
+weights, the same data in the same order and the same flags; their per-epoch losses must then
+agree to float rounding (they differ by about 2e-6 relative; the test allows 1e-4, and a 20%
+change of --weight-decay on one side alone already breaks it). The flags exercise everything the
+two loops must do alike: a short last batch (103 = 5 x 20 + 3) averaged over its true size, two
+accumulation steps (one of them empty in TensorFlow's last batch), linear warmup then cosine
+decay, gradient clipping, and AdamW with decoupled weight decay.
+
+Defaults that differ between the frameworks are settled in the templates, not here: the
+TensorFlow template's optim.py passes PyTorch's AdamW epsilon (1e-8; Keras' default is 1e-7), and
+both optim.py files pass --weight-decay (Keras' AdamW default is 0.004, PyTorch's 0.01). What
+remains is Keras' AdamW adding epsilon before its bias correction rather than after, a difference
+of order epsilon / sqrt(v), far below the tolerance.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import looptpl, run
+
+FEATURES, CLASSES = 8, 3
+SIZES = {"train": 103, "val": 37, "test": 29}
+FLAGS = [
+    *("--epochs", "3", "--global-batch-size", "20", "--grad-accum-steps", "2", "--eval-batch-size", "64"),
+    *("--lr", "0.05", "--warmup-steps", "3", "--schedule", "cosine", "--max-grad-norm", "0.5"),
+    *("--weight-decay", "0.1", "--seed", "0", "--device", "cpu", "--no-progress"),
+]
+ENVIRONMENT = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "OMP_NUM_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+}
+
+TORCH_DATA = '''"""Parity test: fixed arrays."""
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from .config import TrainConfig
+
+NUM_FEATURES, NUM_CLASSES = {features}, {classes}
+ARRAYS = np.load(r"{arrays}")
+
+
+def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
+    def split(name: str) -> TensorDataset:
+        return TensorDataset(torch.from_numpy(ARRAYS[name + "_x"]), torch.from_numpy(ARRAYS[name + "_y"]).long())
+
+    return split("train"), split("val"), split("test")
+'''
+
+TORCH_MODEL = '''"""Parity test: one linear layer with fixed initial weights."""
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .data import NUM_CLASSES, NUM_FEATURES
+
+INITIAL = np.load(r"{weights}")
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    model = nn.Linear(NUM_FEATURES, NUM_CLASSES)
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(INITIAL["kernel"].T))
+        model.bias.copy_(torch.from_numpy(INITIAL["bias"]))
+    return model
+'''
+
+TF_DATA = '''"""Parity test: fixed arrays, the train split in the order the torch project's sampler visits it."""
+
+import numpy as np
+import tensorflow as tf
+
+from .config import TrainConfig
+
+NUM_FEATURES, NUM_CLASSES = {features}, {classes}
+ARRAYS = np.load(r"{arrays}")
+EPOCH_ORDERS = iter(np.load(r"{orders}"))  # the engine reads the train set once per epoch, in order
+
+
+def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]:
+    def in_torch_order():
+        for index in next(EPOCH_ORDERS):
+            yield ARRAYS["train_x"][index], ARRAYS["train_y"][index]
+
+    signature = (tf.TensorSpec([NUM_FEATURES], tf.float32), tf.TensorSpec([], tf.int32))
+    train = tf.data.Dataset.from_generator(in_torch_order, output_signature=signature)
+    train = train.apply(tf.data.experimental.assert_cardinality(len(ARRAYS["train_y"])))
+
+    def split(name: str) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices((ARRAYS[name + "_x"], ARRAYS[name + "_y"]))
+
+    return train, split("val"), split("test")
+'''
+
+TF_MODEL = '''"""Parity test: one linear layer with fixed initial weights."""
+
+import keras
+import numpy as np
+
+from .config import TrainConfig
+from .data import NUM_CLASSES, NUM_FEATURES
+
+INITIAL = np.load(r"{weights}")
+
+
+def build_model(config: TrainConfig) -> keras.Model:
+    layer = keras.layers.Dense(
+        NUM_CLASSES,
+        kernel_initializer=keras.initializers.Constant(INITIAL["kernel"]),
+        bias_initializer=keras.initializers.Constant(INITIAL["bias"]),
+    )
+    return keras.Sequential([keras.Input(shape=(NUM_FEATURES,)), layer])
+'''
+
+# Prints the sample order of each epoch as the torch project's own sampler yields it.
+TORCH_ORDER = """
+import json, sys
+from {package}.sampling import GlobalBatchSampler
+sampler = GlobalBatchSampler({size}, 20, 2, rank=0, world_size=1, seed=0)
+orders = []
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    orders.append([index for micro_batch in sampler for index in micro_batch])
+json.dump(orders, sys.stdout)
+"""
+
+
+def render(root: Path, backend: str, strategy: str) -> Path:
+    project = root / f"parity_{backend}"
+    result = looptpl("new", str(project), "--backend", backend, "--strategy", strategy, "--no-git")
+    assert result.exit_code == 0, result.stderr
+    return project
+
+
+def package(project: Path) -> Path:
+    return project / "src" / project.name
+
+
+def train(project: Path, *flags: str) -> list[dict]:
+    command = [sys.executable, "-m", f"{project.name}.train", "--run-dir", str(project / "run"), *FLAGS, *flags]
+    result = run(command, cwd=project, timeout=300, env={**ENVIRONMENT, "PYTHONPATH": str(project / "src")})
+    assert result.returncode == 0, result.stdout[-5000:]
+    return [json.loads(line) for line in (project / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow (tensorflow-cpu)")
+def test_torch_and_tensorflow_follow_the_same_loss_curve(tmp_path):
+    generator = np.random.default_rng(7)
+    hidden = generator.standard_normal((FEATURES, CLASSES))
+    arrays = {}
+    for name, size in SIZES.items():
+        inputs = generator.standard_normal((size, FEATURES)).astype(np.float32)
+        arrays[name + "_x"] = inputs
+        arrays[name + "_y"] = (inputs @ hidden + generator.standard_normal((size, CLASSES))).argmax(1).astype(np.int32)
+    np.savez(tmp_path / "arrays.npz", **arrays)
+    initial = {"kernel": 0.1 * generator.standard_normal((FEATURES, CLASSES)), "bias": np.zeros(CLASSES)}
+    np.savez(tmp_path / "weights.npz", **{name: value.astype(np.float32) for name, value in initial.items()})
+    paths = {"arrays": tmp_path / "arrays.npz", "weights": tmp_path / "weights.npz", "orders": tmp_path / "orders.npy"}
+    files = {**paths, "features": FEATURES, "classes": CLASSES}
+
+    torch_project = render(tmp_path, "torch", "single")
+    (package(torch_project) / "data.py").write_text(TORCH_DATA.format(**files))
+    (package(torch_project) / "model.py").write_text(TORCH_MODEL.format(**files))
+    script = TORCH_ORDER.format(package=torch_project.name, size=SIZES["train"])
+    order = run([sys.executable, "-c", script], cwd=torch_project, env={"PYTHONPATH": str(torch_project / "src")})
+    assert order.returncode == 0, order.stdout
+    np.save(paths["orders"], np.array(json.loads(order.stdout)))
+
+    tf_project = render(tmp_path, "tensorflow", "one-device")
+    (package(tf_project) / "data.py").write_text(TF_DATA.format(**files))
+    (package(tf_project) / "model.py").write_text(TF_MODEL.format(**files))
+
+    torch_records = train(torch_project)
+    tf_records = train(tf_project, "--shuffle-buffer", "1")  # data.py already gives torch's order
+    assert len(torch_records) == len(tf_records) == 3
+    for torch_record, tf_record in zip(torch_records, tf_records, strict=True):
+        assert tf_record["step"] == torch_record["step"] == 6 * torch_record["epoch"]
+        assert tf_record["lr"] == pytest.approx(torch_record["lr"], rel=1e-5, abs=1e-9)
+        for name in ("train_loss", "val_loss"):
+            assert tf_record[name] == pytest.approx(torch_record[name], rel=1e-4), (torch_record["epoch"], name)
+        assert tf_record["val_accuracy"] == pytest.approx(torch_record["val_accuracy"], abs=1.01 / SIZES["val"])
