@@ -205,6 +205,27 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     assert tests.returncode == 0, tests.stdout[-8000:]
 
 
+def test_a_project_inside_a_monorepo_joins_it_and_updates_there(tmp_path, install):
+    install(V1)
+    monorepo = tmp_path / "monorepo"
+    monorepo.mkdir()
+    git(monorepo, "init", "-q")
+    project = monorepo / "models" / "proj"
+    result = looptpl("new", str(project), "--backend", "torch", "--strategy", "single")
+    assert result.exit_code == 0, result.stderr
+    assert f"lies inside the git repository {monorepo}" in result.stdout
+    assert not (project / ".git").exists()  # no repository nested in the monorepo
+    assert git(monorepo, "status", "--porcelain").strip() == "?? models/"
+    git(monorepo, "add", "--all")
+    git(monorepo, "commit", "-qm", "Add proj")
+
+    install(V2)
+    result = looptpl("update", str(project))
+    assert result.exit_code == 0, result.stderr
+    assert ENGINE_FIX in (project / "src" / "proj" / "engine.py").read_text()
+    assert git(monorepo, "status", "--porcelain", "--", "models").strip()  # the merge waits for review
+
+
 def test_plain_copier_copy_and_copier_update_keep_every_user_edit(tmp_path, template_repo):
     """Without looptpl: `copier copy` from a git checkout, then `copier update` to the newest tag."""
     project = tmp_path / "plain"
@@ -297,6 +318,9 @@ ERRORS = {
     "not a release": "template version 'main' is not a looptpl release tag",
     "downgrade": "uses template v1.1.0, newer than this looptpl's v1.0.0; downgrades are not supported",
     "another template source": "follows the template at https://example.com/looptpl.git, not this looptpl's",
+    "unknown backend": "backend 'jax' is not one of: torch, tensorflow; fix that line or restore the file",
+    "strategy of the other backend": "strategy 'mirrored' is not a torch strategy; use one of: single, ddp, fsdp",
+    "package name edited": "package name 'my-proj' is not a valid Python identifier",
 }
 
 
@@ -320,6 +344,12 @@ def test_update_errors_are_one_line_with_the_fix_and_change_nothing(tmp_path, in
         rewrite_answers(project, _commit="main")
     elif case == "another template source":
         rewrite_answers(project, _src_path="https://example.com/looptpl.git")
+    elif case == "unknown backend":
+        rewrite_answers(project, backend="jax")
+    elif case == "strategy of the other backend":
+        rewrite_answers(project, strategy="mirrored")
+    elif case == "package name edited":
+        rewrite_answers(project, package_name="my-proj")
     before = snapshot(project)
     result = looptpl("update", str(project))
     assert result.exit_code == 2

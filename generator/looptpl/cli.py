@@ -123,6 +123,7 @@ def new(
     ] = False,
 ) -> None:
     """Create a new training project from the template; in a terminal, asks for what the flags leave out."""
+    from looptpl.gitcmd import enclosing_repository
     from looptpl.questions import parse_data, settle_answers
     from looptpl.render import RenderRequest, render_project
     from looptpl.validation import check_destination
@@ -139,12 +140,20 @@ def new(
         terminal=sys.stdin.isatty(),
         defaults=defaults,
     )
-    files = render_project(RenderRequest(destination=destination, answers=answers, git=git, dry_run=dry_run))
+    # Inside another repository (a monorepo, say) the project joins it instead of nesting a second one.
+    enclosing = enclosing_repository(destination.absolute()) if git and not dry_run else None
+    request = RenderRequest(destination=destination, answers=answers, git=git and enclosing is None, dry_run=dry_run)
+    files = render_project(request)
     if dry_run:
         typer.echo(f"Would create {destination} with {len(files)} files:")
         typer.echo("\n".join(f"  {path}" for path in files))
         return
     report_created(destination, answers)
+    if enclosing is not None:
+        typer.echo(
+            f"{destination} lies inside the git repository {enclosing}, so it got no repository of its own: "
+            f"commit it there (git add {destination} && git commit) before `looptpl update`."
+        )
 
 
 def report_created(destination: Path, answers: dict[str, str]) -> None:

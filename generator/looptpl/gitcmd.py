@@ -50,3 +50,13 @@ def identity_if_missing(cwd: Path) -> dict[str, str]:
     """FALLBACK_IDENTITY where git has no author or committer configured for `cwd`, else nothing."""
     known = all(succeeds("var", name, cwd=cwd) for name in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"))
     return {} if known else FALLBACK_IDENTITY
+
+
+def enclosing_repository(path: Path) -> Path | None:
+    """The top of the git work tree that `path` (or its nearest existing parent) lies in, if any."""
+    folder = path
+    while not folder.is_dir():
+        folder = folder.parent
+    if shutil.which("git") is None or not succeeds("rev-parse", "--is-inside-work-tree", cwd=folder):
+        return None
+    return Path(git("rev-parse", "--show-toplevel", cwd=folder).strip())

@@ -22,6 +22,8 @@ from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
+from looptpl.validation import package_name_problem, project_name_problem
+from looptpl.variants import BACKENDS, strategies
 
 ANSWERS = ".copier-answers.yml"
 REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
@@ -115,7 +117,25 @@ def read_answers(project: Path) -> dict[str, Any]:
         raise LooptplError(f"{path} is not valid YAML ({error}); restore it with `git checkout -- {ANSWERS}`") from None
     if not isinstance(answers, dict):
         raise LooptplError(f"{path} holds no answers; restore it with `git checkout -- {ANSWERS}`")
+    problem = _answers_problem(answers)
+    if problem:
+        raise LooptplError(f"{path}: {problem}; fix that line or restore the file with `git checkout -- {ANSWERS}`")
     return answers
+
+
+def _answers_problem(answers: dict[str, Any]) -> str | None:
+    """What a hand edit broke in the answers, so that no template could render them, if anything."""
+    backend, strategy = answers.get("backend"), answers.get("strategy")
+    if backend not in BACKENDS:
+        return f"backend {backend!r} is not one of: {', '.join(BACKENDS)}"
+    if strategy not in strategies(backend):
+        return f"strategy {strategy!r} is not a {backend} strategy; use one of: {', '.join(strategies(backend))}"
+    for key, problem_of in (("project_name", project_name_problem), ("package_name", package_name_problem)):
+        value = answers.get(key)
+        problem = problem_of(value) if isinstance(value, str) else f"{key} is missing"
+        if problem:
+            return problem
+    return None
 
 
 def _same_folder(source: str, project: Path, folder: Path) -> bool:
