@@ -1,0 +1,348 @@
+"""Training throughput of a freshly rendered tensorflow/one-device project against two baselines.
+
+Renders a project with `looptpl new` into a temporary folder, imports its package, and times
+three loops on the same model (the project's placeholder MLP), the same synthetic data (the
+project's task, with a larger train split) and the same global batch:
+
+  generated     the project's own `train.main()`, i.e. `Trainer.fit()` with the progress bar,
+                the metric logger, validation and checkpoints on; only `train_epoch` is timed
+  hand-written  tf.data (shuffle, batch, prefetch), a @tf.function step with GradientTape,
+                AdamW with global_clipnorm, a running loss summed in Python
+  fit           model.compile + model.fit with the same AdamW and clipping, verbose=0,
+                no validation; a callback times each epoch
+
+Every loop runs one untimed warmup epoch (which also traces the tf.functions) and then --epochs
+timed ones; the loops take turns within each of --rounds rounds (in a rotating order). The table
+gives, per loop, the median and the spread of samples/s over rounds, the best single epoch, and
+samples per CPU-second; the ratios are paired by round. The project's target: generated faster
+than model.fit.
+
+Run from the repository root (a few minutes on 2 shared CPU cores):
+    .venv/bin/python bench/tf_loop.py
+    .venv/bin/python bench/tf_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported, just below
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+REPO = Path(__file__).resolve().parents[1]
+VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
+Timings = list[tuple[float, float]]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per run, after the warmup epoch.")
+    parser.add_argument("--warmup-epochs", type=int, default=1, help="Untimed epochs at the start of every run.")
+    parser.add_argument("--train-size", type=int, default=50_000, help="Samples in the synthetic train split.")
+    parser.add_argument("--batch-size", type=int, default=64, help="Global batch size (the template's default).")
+    parser.add_argument("--rounds", type=int, default=5, help="Rounds; each runs every loop once.")
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads.")
+    parser.add_argument(
+        "--progress",
+        choices=["tty", "real", "off"],
+        default="tty",
+        help="Generated loop's progress bar: tty makes sys.stderr.isatty() return True so the bar draws "
+        "even when stderr is a file or pipe (default); real leaves stderr alone; off passes --no-progress.",
+    )
+    parser.add_argument(
+        "--generated-flags", default="", help="Extra trainer flags for the generated loop, e.g. '--log-every 50'."
+    )
+    parser.add_argument("--skip-fit", action="store_true", help="Time only generated and hand-written.")
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
+    args = parser.parse_args(argv)
+    for name in ("epochs", "train_size", "batch_size", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def render_project(root: Path) -> types.ModuleType:
+    """`looptpl new` a tensorflow/one-device project under `root` and import its package."""
+    destination = root / "benchproj"
+    looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
+    command = [looptpl, "new", str(destination), "--backend", "tensorflow", "--strategy", "one-device"]
+    subprocess.run([*command, "--defaults", "--no-git"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
+    sys.path.insert(0, str(destination / "src"))
+    package = importlib.import_module(package_dir.name)
+    for module in ("train", "engine", "config", "data", "model"):
+        setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
+    return package
+
+
+def build_arrays(project: types.ModuleType, train_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The project's synthetic task (data.py), with `train_size` training samples."""
+    data = project.data
+    generator = np.random.default_rng(1234)
+    hidden = generator.standard_normal((data.NUM_FEATURES, 32))
+    readout = generator.standard_normal((32, data.NUM_CLASSES))
+
+    def make_split(size: int) -> tuple[np.ndarray, np.ndarray]:
+        inputs = generator.standard_normal((size, data.NUM_FEATURES))
+        return inputs.astype(np.float32), (np.tanh(inputs @ hidden) @ readout).argmax(axis=1).astype(np.int32)
+
+    return [make_split(train_size), make_split(VAL_SIZE), make_split(TEST_SIZE)]
+
+
+class Run:
+    """What one loop needs: the data, the batch, the epochs, and where to write."""
+
+    def __init__(self, args: argparse.Namespace, project: types.ModuleType, arrays: list, work: Path) -> None:
+        self.args, self.project, self.arrays, self.work = args, project, arrays, work
+        self.total_epochs = args.warmup_epochs + args.epochs
+        self.defaults = project.config.TrainConfig()  # lr, weight decay, clipping: the template's defaults
+
+    def timed(self, clock: EpochClock) -> Timings:
+        if len(clock.epochs) != self.total_epochs:
+            raise RuntimeError(f"expected {self.total_epochs} timed epochs, got {len(clock.epochs)}")
+        return clock.epochs[self.args.warmup_epochs :]
+
+    def train_batches(self) -> tf.data.Dataset:
+        """What a user writes: shuffle every epoch, batch, prefetch."""
+        inputs, targets = self.arrays[0]
+        dataset = tf.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(targets), seed=0)
+        return dataset.batch(self.args.batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def model_and_optimizer(self) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+        """The project's model with the seed its own run uses; AdamW as in its optim.py, Keras-clipped."""
+        config = self.defaults
+        keras.utils.set_random_seed(config.seed)
+        model = self.project.model.build_model(config)
+        clip = config.max_grad_norm
+        optimizer = keras.optimizers.AdamW(config.lr, config.weight_decay, epsilon=1e-8, global_clipnorm=clip)
+        return model, optimizer
+
+
+def run_generated(run: Run, round_index: int) -> Timings:
+    """The project's `train.main()` with the bigger train split; times `Trainer.train_epoch`."""
+    project, args = run.project, run.args
+    clock = EpochClock()
+
+    class TimedTrainer(project.engine.Trainer):  # type: ignore[name-defined,misc]
+        def train_epoch(self, epoch: int) -> dict[str, float]:
+            clock.start()
+            result: dict[str, float] = super().train_epoch(epoch)
+            clock.stop()
+            return result
+
+    def datasets(config: object) -> tuple[tf.data.Dataset, ...]:
+        return tuple(tf.data.Dataset.from_tensor_slices(split) for split in run.arrays)
+
+    argv = ["--run-dir", str(run.work / f"runs/generated-{round_index}"), "--epochs", str(run.total_epochs)]
+    argv += ["--global-batch-size", str(args.batch_size), *args.generated_flags.split()]
+    if args.progress == "off":
+        argv.append("--no-progress")
+    with (
+        patched(project.train, Trainer=TimedTrainer, build_datasets=datasets),
+        pretend_tty(sys.stderr, args.progress == "tty"),
+    ):
+        code = project.train.main(argv)
+    if code != 0:
+        raise RuntimeError(f"generated train.main exited with {code}")
+    return run.timed(clock)
+
+
+def run_hand_written(run: Run, round_index: int) -> Timings:
+    """What a competent user writes by hand: same model, data, batch, AdamW and clipping."""
+    model, optimizer = run.model_and_optimizer()
+
+    @tf.function
+    def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            losses = keras.losses.sparse_categorical_crossentropy(targets, model(inputs, training=True), True)
+            loss = tf.reduce_mean(losses)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return tf.reduce_sum(losses)
+
+    clock = EpochClock()
+    batches = run.train_batches()
+    for epoch in range(run.total_epochs):
+        clock.start()
+        loss_sum = tf.constant(0.0)
+        for inputs, targets in batches:
+            loss_sum += train_step(inputs, targets)
+        print(f"hand-written epoch {epoch + 1}: train_loss {float(loss_sum) / run.args.train_size:.4f}", flush=True)
+        clock.stop()
+    return run.timed(clock)
+
+
+def run_fit(run: Run, round_index: int) -> Timings:
+    """model.compile + model.fit, everything optional off; a callback times each epoch."""
+    model, optimizer = run.model_and_optimizer()
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    clock = EpochClock()
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            clock.start()
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            clock.stop()
+
+    model.fit(run.train_batches(), epochs=run.total_epochs, verbose=0, callbacks=[EpochTimer()])
+    return run.timed(clock)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Before any op runs: TensorFlow fixes its thread pools once.
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    loops: dict[str, Callable[[Run, int], Timings]] = {"generated": run_generated, "hand-written": run_hand_written}
+    if not args.skip_fit:
+        loops["fit"] = run_fit
+    work = Path(tempfile.mkdtemp(prefix="looptpl-tf-bench-"))
+    try:
+        project = render_project(work)
+        run = Run(args, project, build_arrays(project, args.train_size), work)
+        timings: dict[str, list[Timings]] = {name: [] for name in loops}
+        names = list(loops)
+        load_before = os.getloadavg()[0]
+        started = time.perf_counter()
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)  # rotate, so no loop always runs first
+            for name in names[shift:] + names[:shift]:
+                keras.backend.clear_session()
+                gc.collect()
+                epochs = loops[name](run, round_index)
+                timings[name].append(epochs)
+                seconds = " ".join(f"{w:.3f}" for w, _ in epochs)
+                print(
+                    f"[round {round_index + 1}/{args.rounds}] {name:<12} {rate(args, epochs, 0):>9,.0f} samples/s "
+                    f"({rate(args, epochs, 1):,.0f} per CPU-s); epochs {seconds} s",
+                    flush=True,
+                )
+        report(args, timings, time.perf_counter() - started, (load_before, os.getloadavg()[0]))
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def report(
+    args: argparse.Namespace, timings: dict[str, list[Timings]], elapsed: float, load: tuple[float, float]
+) -> None:
+    cores = os.cpu_count() or 1
+    device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    print(
+        f"\ntensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s) on {cores} CPUs, "
+        f"{device}; train {args.train_size} samples, batch {args.batch_size}, {args.warmup_epochs} warmup + "
+        f"{args.epochs} timed epochs x {args.rounds} rounds; progress bar {args.progress}; generated flags "
+        f"'{args.generated_flags}'; template {template_revision()}; {elapsed:.0f}s; "
+        f"load average {load[0]:.1f} -> {load[1]:.1f}"
+    )
+    if max(load) > cores:
+        print(f"warning: load average above {cores}: other processes share the CPUs, so expect noise")
+    wall = {name: [rate(args, epochs, 0) for epochs in rounds] for name, rounds in timings.items()}
+    cpu = {name: [rate(args, epochs, 1) for epochs in rounds] for name, rounds in timings.items()}
+    best = {
+        name: max(rate(args, [epoch], 0) for epochs in rounds for epoch in epochs) for name, rounds in timings.items()
+    }
+    print(f"{'loop':<14}{'samples/s median':>18}{'min .. max':>22}{'best epoch':>12}{'per CPU-s median':>18}")
+    for name in timings:
+        print(
+            f"{name:<14}{statistics.median(wall[name]):>18,.0f}{spread(wall[name]):>22}"
+            f"{best[name]:>12,.0f}{statistics.median(cpu[name]):>18,.0f}"
+        )
+    for baseline in [name for name in timings if name != "generated"]:
+        # Paired by round: the runs were back to back, so a ratio cancels slow phases of the machine.
+        ratios = [g / b for g, b in zip(wall["generated"], wall[baseline], strict=True)]
+        cpu_ratio = statistics.median(g / b for g, b in zip(cpu["generated"], cpu[baseline], strict=True))
+        median = statistics.median(ratios)
+        line = (
+            f"generated / {baseline:<12}: {median:.3f}x median of rounds (range {min(ratios):.3f} .. "
+            f"{max(ratios):.3f}), {best['generated'] / best[baseline]:.3f}x best epochs, {cpu_ratio:.3f}x CPU time"
+        )
+        if baseline == "fit":
+            line += f"  [{'meets' if median > 1 else 'below'} the target: faster than model.fit]"
+        print(line)
+
+
+# --- helpers shared in spirit with torch_loop.py (copied: this script must not need torch) -------
+
+
+class EpochClock:
+    """Wall-clock and process CPU seconds of each epoch; CPU time is less hit by other processes."""
+
+    def __init__(self) -> None:
+        self.epochs: Timings = []
+
+    def start(self) -> None:
+        self.started = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
+
+
+@contextlib.contextmanager
+def patched(module: types.ModuleType, **attributes: object) -> Iterator[None]:
+    saved = {name: getattr(module, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def pretend_tty(stream: object, enabled: bool) -> Iterator[None]:
+    """Make `stream.isatty()` return True, so the template's ProgressBar draws as on a terminal."""
+    if not enabled:
+        yield
+        return
+    stream.isatty = lambda: True  # type: ignore[attr-defined]  # shadows the method on this one object
+    try:
+        yield
+    finally:
+        del stream.isatty  # type: ignore[attr-defined]
+
+
+def template_revision() -> str:
+    """The commit the template was rendered from, and whether uncommitted template edits went in too."""
+    git = ["git", "-C", str(REPO)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "templates"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted template edits" if dirty.stdout.strip() else "")
+
+
+def rate(args: argparse.Namespace, epochs: Timings, clock: int) -> float:
+    """Samples per second over `epochs`, by wall clock (clock 0) or process CPU time (clock 1)."""
+    samples: int = args.train_size * len(epochs)
+    return samples / sum(epoch[clock] for epoch in epochs)
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.0f} .. {max(values):,.0f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
