@@ -3,17 +3,18 @@
 Each command in a ```bash block of docs/*.md must match one rule below:
 
 - RUN: cheap commands, run here as the docs write them. `looptpl new myproj ...` runs in a scratch
-  folder; commands that need the project run against the one the quick start generates, with
-  PYTHONPATH=src standing in for its editable install (which is itself run, into a throwaway
-  virtual environment).
+  folder; commands that need the project run against the one the quick start generates (or, for a
+  TensorFlow command, a generated project of that strategy), with PYTHONPATH=src standing in for
+  its editable install (which is itself run, into a throwaway virtual environment).
 - COVERED: commands that cannot run here (GPUs, several machines, Slurm, a package index) or take
   minutes. Each names the test or file that runs the same thing, and that file must exist and
   contain the given text, so the mapping cannot silently go stale.
 - `cd DIR`.
 
 A command that matches no rule fails the test: a new command in the docs needs a rule here.
-Flags given to the trainer or to torchrun in any command must exist, and the flags page must list
-exactly the trainer's flags.
+Flags given to the trainer, to torchrun or to launch.py in any command must exist, and the flags
+page must list exactly the trainer's flags: the PyTorch ones, and those of each TensorFlow
+strategy.
 """
 
 import os
@@ -34,6 +35,15 @@ from conftest import REPO_ROOT, run
 
 DOCS = REPO_ROOT / "docs"
 QUICK_START = "looptpl new myproj --backend torch --strategy ddp --defaults"
+TF_STRATEGIES = ("one-device", "mirrored", "multi-worker")
+# The projects a command can run in: the quick start's (torch) and one per TensorFlow strategy.
+PROJECTS = {
+    "torch": QUICK_START,
+    **{
+        strategy: f"looptpl new myproj --backend tensorflow --strategy {strategy} --defaults"
+        for strategy in TF_STRATEGIES
+    },
+}
 TRAIN_HELP = "python -m myproj.train --help"
 TIMEOUT_S = 300
 SEPARATORS = {"&&", "||", ";", "|"}
@@ -42,24 +52,32 @@ OTHER_SHELL_FENCES = re.compile(r"^[ \t]*```(sh|shell|console|zsh|bash-session)\
 
 @dataclass(frozen=True)
 class Run:
-    """A command this test runs: in `cwd` ("scratch", "project" or "repo"), expecting `expect` in its output."""
+    """A command this test runs: in `cwd` ("scratch", "project" or "repo"), expecting `expect` in its output.
+
+    `project` names the generated project (a key of PROJECTS) that "project" and the flags check mean.
+    """
 
     pattern: str
     cwd: str
     expect: str
     exit_code: int = 0
+    project: str = "torch"
 
 
 @dataclass(frozen=True)
 class Covered:
-    """A command run elsewhere: `path` (in this repository, or `myproj/...` in the generated project)
-    must contain every witness; with `flags_in_file`, also every `--flag` the command uses."""
+    """A command run elsewhere: `path` (in this repository, or `myproj/...` in the generated project
+    named by `project`) must contain every witness; with `flags_in_file`, also every `--flag` the
+    command uses. `also` lists further places that must hold their witnesses (a command shared by
+    the PyTorch and TensorFlow docs)."""
 
     pattern: str
     path: str
     witnesses: tuple[str, ...]
     why: str
     flags_in_file: bool = False
+    project: str = "torch"
+    also: tuple["Covered", ...] = ()
 
 
 TRAIN = r"python -m myproj\.train"
@@ -70,7 +88,13 @@ RUN = (
     Run(r"looptpl todo", "project", "TODOs left", exit_code=1),
     Run(r"pip install -e \.\[test\]", "project", ""),  # into a throwaway venv, see run_pip_install
     Run(rf"{TRAIN} --help", "project", "--global-batch-size"),
+    Run(
+        r"looptpl new myproj --backend tensorflow --strategy (one-device|mirrored|multi-worker) --defaults --dry-run",
+        "scratch",
+        "train_step.py",
+    ),
     Run(rf"{TRAIN} --device cpu --epochs [1-3]", "scratch", "test_loss"),
+    Run(rf"{TRAIN} --cpu-replicas 2 --epochs [1-3]", "scratch", "test_loss", project="mirrored"),
     Run(
         r"torchrun --standalone --nproc-per-node 2 -m myproj\.train --device cpu --epochs [1-3]", "scratch", "test_loss"
     ),
@@ -84,6 +108,7 @@ RUN = (
 UPDATE_TESTS = "tests/test_update.py"
 DISTRIBUTED_TESTS = "myproj/tests/test_distributed.py"
 TRAINING_TESTS = "myproj/tests/test_training.py"
+FAULT_TESTS = "myproj/tests/test_faults.py"  # TensorFlow multi-worker
 COVERED = (
     Covered(
         r"pip install( -U)? looptpl",
@@ -132,7 +157,51 @@ COVERED = (
         r"sbatch scripts/slurm\.sbatch( --[a-z-]+( \d+)?)*",
         DISTRIBUTED_TESTS,
         ("def test_the_slurm_script_starts_torchrun_on_every_node", '"slurm.sbatch"'),
-        "needs Slurm; the test runs the script with stand-ins for srun and scontrol",
+        "needs Slurm; the tests run the script with stand-ins for srun and scontrol",
+        also=(
+            Covered(
+                "",
+                FAULT_TESTS,
+                ("def test_the_slurm_script_restarts_the_workers_after_a_kill_while_saving", '"slurm.sbatch"'),
+                "the TensorFlow multi-worker script, run with stand-ins for srun and scontrol",
+                project="multi-worker",
+            ),
+        ),
+    ),
+    Covered(
+        r"CUDA_VISIBLE_DEVICES=[\d,]+ python -m myproj\.train",
+        "myproj/tests/conftest.py",
+        ('"--cpu-replicas", str(replicas)',),
+        "needs GPUs; the project's tests run the same MirroredStrategy on 2 logical CPU devices",
+        project="mirrored",
+    ),
+    Covered(
+        r"export TF_CONFIG=\{.*\}",
+        "myproj/src/myproj/launch.py",
+        ('"TF_CONFIG": tf_config(addresses, index)',),
+        "several machines; launch.py gives each local worker such a TF_CONFIG, and the tests launch through it",
+        project="multi-worker",
+    ),
+    Covered(
+        rf"{TRAIN} --run-dir /shared/\S+",
+        "myproj/tests/conftest.py",
+        ('"-m", "myproj.launch", "--workers"',),
+        "several machines; the project's tests start two workers on one machine with launch.py",
+        project="multi-worker",
+    ),
+    Covered(
+        r"python -m myproj\.launch --workers \d+ -- --epochs \d+",
+        "myproj/tests/conftest.py",
+        ('"-m", "myproj.launch", "--workers"',),
+        "a two-worker run takes 20 s; the project's tests launch two workers the same way",
+        project="multi-worker",
+    ),
+    Covered(
+        r"python -m myproj\.launch --workers \d+ --max-restarts \d+ -- --epochs \d+",
+        FAULT_TESTS,
+        ("def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run", '"--max-restarts"'),
+        "the test kills a worker under launch.py --max-restarts and compares with an uninterrupted run",
+        project="multi-worker",
     ),
     Covered(
         rf"{TRAIN} --epochs \d+ (--stop-after-epoch \d+|--resume)",
@@ -238,16 +307,21 @@ def classify(command: str) -> Run | Covered | str | None:
     return "cd" if re.fullmatch(r"cd \S+", command) else None
 
 
-def coverage_problem(command: str, rule: Covered, project: Path) -> str | None:
-    path = project.parent / rule.path if rule.path.startswith("myproj/") else REPO_ROOT / rule.path
-    if not path.is_file():
-        return f"{command!r}: {rule.path} does not exist"
-    text = path.read_text(encoding="utf-8")
-    wanted = list(rule.witnesses)
-    if rule.flags_in_file:
-        wanted += [f'"{word}"' for word in command.split() if word.startswith("--")]
-    missing = [witness for witness in wanted if witness not in text]
-    return f"{command!r}: {rule.path} lacks {missing}" if missing else None
+def coverage_problem(command: str, rule: Covered, projects: dict[str, Path]) -> str | None:
+    for place in (rule, *rule.also):
+        project = projects[place.project]
+        path = project.parent / place.path if place.path.startswith("myproj/") else REPO_ROOT / place.path
+        where = f"{place.path} ({place.project} project)" if place.path.startswith("myproj/") else place.path
+        if not path.is_file():
+            return f"{command!r}: {where} does not exist"
+        text = path.read_text(encoding="utf-8")
+        wanted = list(place.witnesses)
+        if place.flags_in_file:
+            wanted += [f'"{word}"' for word in command.split() if word.startswith("--")]
+        missing = [witness for witness in wanted if witness not in text]
+        if missing:
+            return f"{command!r}: {where} lacks {missing}"
+    return None
 
 
 # --- running the commands ------------------------------------------------------------------------
@@ -286,34 +360,54 @@ def run_pip_install(command: str, project: Path, scratch: Path) -> subprocess.Co
     return result
 
 
-def run_command(command: str, rule: Run, project: Path) -> tuple[str, Run, subprocess.CompletedProcess]:
-    scratch = Path(tempfile.mkdtemp(prefix="doc-command-", dir=project.parent.parent))
+def run_command(command: str, rule: Run, projects: dict[str, Path]) -> tuple[str, Run, subprocess.CompletedProcess]:
+    project = projects[rule.project]
+    scratch = Path(tempfile.mkdtemp(prefix="doc-command-", dir=projects["torch"].parent.parent))
     if command.startswith("pip "):
         return command, rule, run_pip_install(command, project, scratch)
     cwd = {"scratch": scratch, "project": project, "repo": REPO_ROOT}[rule.cwd]
     return command, rule, run(command.split(), cwd=cwd, timeout=TIMEOUT_S, env=environment(project))
 
 
+# Run besides the doc commands, to learn the flags of each program: (project, command).
+HELP_COMMANDS = (
+    ("torch", "torchrun --help"),
+    *((strategy, TRAIN_HELP) for strategy in TF_STRATEGIES),
+    ("multi-worker", "python -m myproj.launch --help"),
+)
+
+
 @pytest.fixture(scope="module")
 def exercised(tmp_path_factory) -> dict:
-    """Classify every doc command, generate the quick start's project, and run every RUN command."""
+    """Classify every doc command, generate the projects, run every RUN command and the --help of each program."""
     commands = doc_commands()
     assert QUICK_START in commands, f"the quick start must show `{QUICK_START}`"
     assert TRAIN_HELP in commands, f"the flags page must show `{TRAIN_HELP}`"
     rules = {command: classify(command) for command in commands}
-    sandbox = tmp_path_factory.mktemp("docs") / "sandbox"
-    sandbox.mkdir()
-    project = sandbox / "myproj"
-    created = run(QUICK_START.split(), cwd=sandbox, timeout=TIMEOUT_S, env=environment(project))
-    assert created.returncode == 0, created.stdout
+    root = tmp_path_factory.mktemp("docs")
+    projects: dict[str, Path] = {}
+    created = {}
+    for name, creation in PROJECTS.items():
+        sandbox = root / ("sandbox" if name == "torch" else f"sandbox-{name}")
+        sandbox.mkdir()
+        projects[name] = sandbox / "myproj"
+        created[name] = run(creation.split(), cwd=sandbox, timeout=TIMEOUT_S, env=environment(projects[name]))
+        assert created[name].returncode == 0, created[name].stdout
     to_run = [(command, rule) for command, rule in rules.items() if isinstance(rule, Run) and command != QUICK_START]
-    internal = Run("torchrun --help", "project", "--nproc-per-node")  # for checking torchrun flags
-    to_run.append(("torchrun --help", internal))
+    helps = [(command, Run(re.escape(command), "project", "--help", project=name)) for name, command in HELP_COMMANDS]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda item: run_command(*item, project), to_run))
-    outputs = {command: result for command, _, result in results}
-    outputs[QUICK_START] = created
-    return {"commands": commands, "rules": rules, "project": project, "outputs": outputs}
+        results = list(pool.map(lambda item: run_command(*item, projects), to_run + helps))
+    outputs = {command: result for command, _, result in results[: len(to_run)]}
+    outputs[QUICK_START] = created["torch"]
+    help_outputs = {(rule.project, command): result for command, rule, result in results[len(to_run) :]}
+    help_outputs["torch", TRAIN_HELP] = outputs[TRAIN_HELP]
+    return {
+        "commands": commands,
+        "rules": rules,
+        "projects": projects,
+        "outputs": outputs,
+        "helps": help_outputs,
+    }
 
 
 # --- the tests -----------------------------------------------------------------------------------
@@ -341,7 +435,7 @@ def test_every_command_is_run_or_covered(exercised):
         if rule is None:
             problems.append(f"{command!r} ({pages}) is neither run nor covered: add a RUN or COVERED rule")
         elif isinstance(rule, Covered):
-            problem = coverage_problem(command, rule, exercised["project"])
+            problem = coverage_problem(command, rule, exercised["projects"])
             if problem:
                 problems.append(f"{problem} ({pages})")
     assert not problems, "\n".join(problems)
@@ -365,12 +459,17 @@ def option_names(help_text: str) -> set[str]:
 
 
 def test_flags_in_commands_exist(exercised):
-    outputs = exercised["outputs"]
-    trainer_flags = option_names(outputs[TRAIN_HELP].stdout) | {"--help"}
-    torchrun_flags = option_names(outputs["torchrun --help"].stdout) | {"--help"}
+    helps = exercised["helps"]
+
+    def flags_of(project: str, command: str) -> set[str]:
+        return option_names(helps[project, command].stdout) | {"--help"}
+
     problems = []
     for command in exercised["commands"]:
+        rule = exercised["rules"][command]
+        project = rule.project if isinstance(rule, (Run, Covered)) else "torch"
         words = command.split()
+        trainer_flags = flags_of(project, TRAIN_HELP)
         for program, start, known in (
             ("-m", "myproj.train", trainer_flags),
             ("sbatch", "scripts/slurm.sbatch", trainer_flags),
@@ -379,18 +478,39 @@ def test_flags_in_commands_exist(exercised):
                 unknown = {word for word in words[words.index(start) + 1 :] if word.startswith("--")} - known
                 problems += [f"{command!r}: the trainer has no {flag}" for flag in sorted(unknown)]
         if words[0] == "torchrun" and "-m" in words:
-            unknown = {word for word in words[1 : words.index("-m")] if word.startswith("--")} - torchrun_flags
+            known = flags_of("torch", "torchrun --help")
+            unknown = {word for word in words[1 : words.index("-m")] if word.startswith("--")} - known
             problems += [f"{command!r}: torchrun has no {flag}" for flag in sorted(unknown)]
+        if "myproj.launch" in words and "--" in words:
+            # launch.py's own flags come before --, the trainer's after it.
+            own, train = words[words.index("myproj.launch") + 1 : words.index("--")], words[words.index("--") + 1 :]
+            known = flags_of("multi-worker", "python -m myproj.launch --help")
+            problems += [f"{command!r}: launch.py has no {flag}" for flag in sorted({*own} - known) if flag[:2] == "--"]
+            unknown = {word for word in train if word.startswith("--")} - flags_of("multi-worker", TRAIN_HELP)
+            problems += [f"{command!r}: the trainer has no {flag}" for flag in sorted(unknown)]
     assert not problems, "\n".join(problems)
 
 
-def test_flags_page_lists_every_trainer_flag(exercised):
+def flag_rows(heading: str) -> list[list[str]]:
+    """The cells of each `--flag` row of the table under `heading` in flags.md."""
     page = (DOCS / "flags.md").read_text(encoding="utf-8")
-    section = page.split("## The training entry point", 1)[1].split("\n## ", 1)[0]
-    documented: set[str] = set()
-    for row in re.findall(r"^\| `--.*$", section, flags=re.MULTILINE):
-        documented |= option_names(row.split("|")[1])
+    section = page.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [[cell.strip() for cell in row.split("|")[1:-1]] for row in re.findall(r"^\| `--.*$", section, re.MULTILINE)]
+
+
+def test_flags_page_lists_every_trainer_flag(exercised):
+    documented = set().union(*(option_names(cells[0]) for cells in flag_rows("## The training entry point")))
     assert documented == option_names(exercised["outputs"][TRAIN_HELP].stdout)
+
+
+@pytest.mark.parametrize("strategy", TF_STRATEGIES)
+def test_flags_page_lists_every_tensorflow_trainer_flag(exercised, strategy):
+    # A row applies to "all" strategies or names the ones it applies to, e.g. `mirrored`.
+    documented: set[str] = set()
+    for flags, _, applies_to, _ in flag_rows("## The TensorFlow training entry point"):
+        if applies_to == "all" or f"`{strategy}`" in applies_to:
+            documented |= option_names(flags)
+    assert documented == option_names(exercised["helps"][strategy, TRAIN_HELP].stdout)
 
 
 def test_the_check_rejects_an_unlisted_command_and_a_stale_mapping(tmp_path):
@@ -409,4 +529,4 @@ def test_the_check_rejects_an_unlisted_command_and_a_stale_mapping(tmp_path):
     project = tmp_path / "myproj"
     (project / "tests").mkdir(parents=True)
     (project / "tests" / "test_distributed.py").write_text("def test_something_else(): ...\n")
-    assert "lacks" in coverage_problem(multi_gpu, rule, project)
+    assert "lacks" in coverage_problem(multi_gpu, rule, {"torch": project})
