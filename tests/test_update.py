@@ -318,6 +318,7 @@ ERRORS = {
     "not a release": "template version 'main' is not a looptpl release tag",
     "downgrade": "uses template v1.1.0, newer than this looptpl's v1.0.0; downgrades are not supported",
     "another template source": "follows the template at https://example.com/looptpl.git, not this looptpl's",
+    "answers not YAML": "is not valid YAML (",
     "unknown backend": "backend 'jax' is not one of: torch, tensorflow; fix that line or restore the file",
     "strategy of the other backend": "strategy 'mirrored' is not a torch strategy; use one of: single, ddp, fsdp",
     "package name edited": "package name 'my-proj' is not a valid Python identifier",
@@ -344,6 +345,9 @@ def test_update_errors_are_one_line_with_the_fix_and_change_nothing(tmp_path, in
         rewrite_answers(project, _commit="main")
     elif case == "another template source":
         rewrite_answers(project, _src_path="https://example.com/looptpl.git")
+    elif case == "answers not YAML":
+        (project / ".copier-answers.yml").write_text("backend: [torch\n")
+        git(project, "commit", "-qam", "Break the answers")
     elif case == "unknown backend":
         rewrite_answers(project, backend="jax")
     elif case == "strategy of the other backend":

@@ -114,7 +114,12 @@ def read_answers(project: Path) -> dict[str, Any]:
     try:
         answers = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:
-        raise LooptplError(f"{path} is not valid YAML ({error}); restore it with `git checkout -- {ANSWERS}`") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        reason = getattr(error, "problem", None) or type(error).__name__
+        raise LooptplError(
+            f"{path} is not valid YAML ({where}{reason}); restore it with `git checkout -- {ANSWERS}`"
+        ) from None
     if not isinstance(answers, dict):
         raise LooptplError(f"{path} holds no answers; restore it with `git checkout -- {ANSWERS}`")
     problem = _answers_problem(answers)
