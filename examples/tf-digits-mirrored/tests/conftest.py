@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,13 +34,13 @@ class Training:
     started: float
 
 
-def start_training(run_dir: Path, *flags: str, replicas: int = 1) -> Training:
+def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
     """Start training in a fresh process with `replicas` replicas on logical CPU devices."""
     module = ["-m", "digits_mirrored.train", "--run-dir", str(run_dir), "--no-progress"]
     command = [sys.executable, *module, "--cpu-replicas", str(replicas), *flags]
     environment = {
         **os.environ,
-        "PYTHONPATH": str(PROJECT_ROOT / "src"),
+        "PYTHONPATH": str(sources),
         "CUDA_VISIBLE_DEVICES": "",  # the tests run on the CPU, also on a machine with GPUs
         "TF_CPP_MIN_LOG_LEVEL": "2",  # TensorFlow's C++ info and warning logs
         "TF_NUM_INTRAOP_THREADS": "1",  # runs share the cores: a tiny model gains nothing from threads
@@ -117,3 +118,34 @@ def assert_same_metrics(left: list[dict[str, Any]], right: list[dict[str, Any]],
         assert left_record.keys() == right_record.keys()
         for name, value in left_record.items():
             assert right_record[name] == pytest.approx(value, rel=rel, abs=rel), (left_record["epoch"], name)
+
+
+def edited_sources(directory: Path, file: str, old: str, new: str, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """A copy of `sources` (src/, or an edited copy) in `directory`, with one edit in one of the package's files."""
+    copy = directory / "src"
+    shutil.copytree(sources, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    path = copy / "digits_mirrored" / file
+    text = path.read_text()
+    if old not in text:  # the user replaced the template's default code that this test edits
+        pytest.skip(f"{file} no longer holds the default code this test edits: {old!r}")
+    path.write_text(text.replace(old, new))
+    return copy
+
+
+def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """model.py with two Conv2D layers: on the CPU, oneDNN's Conv2D mishandles empty batches inside a tf.function."""
+    convolutions = (
+        "            keras.layers.Reshape((NUM_FEATURES, 1, 1)),\n"
+        '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'
+        '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'
+        "            keras.layers.Flatten(),\n"
+    )
+    dense = '            keras.layers.Dense(64, activation="relu"),\n' * 2
+    return edited_sources(directory, "model.py", dense, convolutions, sources)
+
+
+def sources_with_a_nan_training_sample(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """data.py whose training sample 5 holds a NaN input: the update on its batch gets a NaN gradient."""
+    targets = "        targets = (np.tanh(inputs @ hidden) @ readout).argmax(axis=1)\n"
+    nan_sample = "        if size == 1003:  # the train split\n            inputs[5, 0] = np.nan\n"
+    return edited_sources(directory, "data.py", targets, targets + nan_sample, sources)

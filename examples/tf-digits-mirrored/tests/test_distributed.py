@@ -1,5 +1,7 @@
 """Two replicas (logical CPU devices) train exactly like one replica with the same global batch."""
 
+import re
+
 import pytest
 from conftest import (
     TRAIN_FLAGS,
@@ -9,6 +11,8 @@ from conftest import (
     finish,
     metrics,
     run_training,
+    sources_with_a_conv_model,
+    sources_with_a_nan_training_sample,
     start_training,
     summary,
 )
@@ -31,6 +35,22 @@ def runs(tmp_path_factory):
     results = {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
     run_training(root / "resumed", *TRAIN_FLAGS, "--resume", replicas=2)
     return root, results
+
+
+@pytest.fixture(scope="module")
+def skipping(tmp_path_factory):
+    """A Conv2D model (which must not run on an empty batch) and a NaN training sample (whose update
+    every replica must skip alike), with --nan-policy skip, on two replicas and on one."""
+    root = tmp_path_factory.mktemp("skipping")
+    sources = sources_with_a_nan_training_sample(root / "nan_sample", sources_with_a_conv_model(root / "conv"))
+    flags = (*TRAIN_FLAGS, "--nan-policy", "skip", "--grad-accum-steps", "2")
+    started = [
+        start_training(root / "two", *flags, sources=sources, replicas=2),
+        start_training(root / "one", *flags, sources=sources),
+    ]
+    for training in started:
+        finish(training)
+    return root
 
 
 @pytest.mark.parametrize("variant", ["two", "two_accum"])
@@ -68,5 +88,17 @@ def test_early_stopping_stops_every_replica_at_the_same_epoch(runs):
 def test_a_nan_loss_stops_every_replica(runs):
     root, results = runs
     assert results["nan"].returncode == 1
-    assert "training loss is nan at epoch 1, step " in results["nan"].stdout
+    # Either the loss itself overflows, or its gradient does first.
+    stopped = r"(training loss is (nan|inf)|the gradients are NaN/inf \(training loss \S+\)) at epoch 1, step "
+    assert re.search(stopped, results["nan"].stdout)
     assert not list((root / "nan" / "checkpoints").glob("*.index"))
+
+
+def test_every_replica_skips_the_nan_update_and_runs_conv_on_empty_batches(skipping):
+    # The last batch (3 samples) leaves replica 1 nothing, and the last evaluation batch too: the Conv2D
+    # model must not run on them. Sample 5 is NaN: its update is skipped once per epoch.
+    records = metrics(skipping / "two")
+    assert [record["skipped_updates"] for record in records] == [1, 1, 1]
+    assert summary(skipping / "two")["steps"] == 3 * 25
+    assert_same_weights(final_weights(skipping / "one"), final_weights(skipping / "two"), atol=1e-5)
+    assert_same_metrics(metrics(skipping / "one"), records, rel=1e-4)

@@ -1,11 +1,17 @@
-"""The loop trains, logs, and refuses bad input, on one replica.
+"""The loop trains, logs, plots, and refuses bad input, on one replica.
 
-Accumulation, resume, early stopping and NaN handling are tested on two replicas in
+Accumulation, resume, early stopping, empty batches and NaN handling are tested on two replicas in
 test_distributed.py.
 """
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 from conftest import (
+    PROJECT_ROOT,
     TRAIN_FLAGS,
     assert_same_weights,
     final_weights,
@@ -36,6 +42,23 @@ def test_trains_and_writes_the_run_directory(reference):
     assert 0.0 <= result["test_accuracy"] <= 1.0 and result["test_loss"] > 0
 
 
+def test_plot_writes_curves_or_explains_what_is_missing(reference):
+    environment = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    command = [sys.executable, "-m", "digits_mirrored.plot", str(reference)]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert result.returncode == 1 and "needs matplotlib" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        logged = metrics(reference)[0]
+        panels = [
+            "loss",
+            *(name[4:] for name in logged if name.startswith("val_") and name[4:] not in ("loss", "samples")),
+        ]
+        for name in panels:
+            assert (reference / "plots" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+
+
 def test_bad_batch_split_is_refused():
     with pytest.raises(ConfigError, match="--global-batch-size 63 must be divisible by replicas x --grad-accum-steps"):
         TrainConfig(global_batch_size=63, grad_accum_steps=2).check_batch_split(replicas=1)
@@ -53,3 +76,5 @@ def test_config_rejects_out_of_range_values():
         TrainConfig(epochs=0).validate()
     with pytest.raises(ConfigError, match="--lr must not be negative"):
         TrainConfig(lr=-1.0).validate()
+    with pytest.raises(ConfigError, match="--nan-policy skip does not combine with --precision fp16"):
+        TrainConfig(nan_policy="skip", precision="fp16").validate()

@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from .config import TrainConfig
-from .errors import CheckpointError
+from .errors import CheckpointError, first_line
 
 
 class ConfigState(tf.train.experimental.PythonState):
@@ -46,19 +46,28 @@ class Checkpointer:
         self.best = tf.train.CheckpointManager(self.checkpoint, str(self.directory / "best"), 1, checkpoint_name="best")
 
     def save(self, epoch: int, is_best: bool) -> None:
-        """Write `epoch-<epoch>` and, if it is the best so far, `best/best-<epoch>`."""
-        self.epochs.save(checkpoint_number=epoch)
+        """Write `best/best-<epoch>` if it is the best so far, then `epoch-<epoch>`.
+
+        Best first: a crash between the two then resumes from the previous epoch, whose
+        early-stopping state never points at a best epoch that `best/` lacks.
+        """
         if is_best:
             self.best.save(checkpoint_number=epoch)
+        self.epochs.save(checkpoint_number=epoch)
 
     def restore_latest(self) -> None:
-        """Restore the newest readable epoch checkpoint; a damaged one is reported and skipped."""
+        """Restore the newest readable epoch checkpoint; a damaged one is reported and skipped.
+
+        `checkpoint`, the list of saves, is rewritten only after a save is complete, so a save
+        cut short by a crash is not in it. A file damaged later (a truncated copy, a bad disk)
+        fails TensorFlow's checks (sizes, a checksum per tensor) and the next older one is used.
+        """
         state = tf.train.get_checkpoint_state(str(self.directory))
         for path in reversed(state.all_model_checkpoint_paths if state else []):
             try:
                 status = self.checkpoint.restore(path)
-            except Exception as error:  # a truncated or corrupt file: try an older one
-                print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+            except Exception as error:  # a damaged file raises DataLossError, NotFoundError, IndexError, ...
+                print(f"warning: skipping unreadable checkpoint {path} ({first_line(error)}); using an older one")
                 continue
             try:
                 status.assert_existing_objects_matched()
@@ -77,5 +86,11 @@ class Checkpointer:
         path = tf.train.latest_checkpoint(str(self.directory / "best"))
         if path is None:
             return False
-        tf.train.Checkpoint(model=model).read(path).expect_partial()  # only the weights
+        try:
+            tf.train.Checkpoint(model=model).read(path).expect_partial()  # only the weights
+        except Exception as error:
+            raise CheckpointError(
+                f"the best checkpoint {path} is unreadable ({first_line(error)}); test the last weights with --resume "
+                "--test-on last"
+            ) from None
         return True

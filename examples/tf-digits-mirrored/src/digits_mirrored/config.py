@@ -73,11 +73,37 @@ class TrainConfig:
     )
     keep_checkpoints: int = field(default=2, metadata={"help": "Epoch checkpoints kept besides the best."})
     log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
+    steps_per_call: int = field(
+        default=10,
+        metadata={
+            "help": "Optimizer updates per tf.function call: Python runs once per call, so small models train "
+            "faster; progress and loss checks happen at the first call end after each --log-every updates."
+        },
+    )
+    nan_policy: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={
+            "help": "What an update with a NaN/inf loss or gradient does: stop the run, or skip that update "
+            "(weights, optimizer and schedule unchanged) and go on."
+        },
+    )
+    max_consecutive_skips: int = field(
+        default=10,
+        metadata={"help": "With --nan-policy skip, stop after more than this many skipped updates in a row."},
+    )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
 
     def validate(self) -> None:
         """Reject values that cannot work, naming the flag."""
-        positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
+        positive = [
+            "epochs",
+            "global_batch_size",
+            "grad_accum_steps",
+            "eval_batch_size",
+            "log_every",
+            "steps_per_call",
+            "max_consecutive_skips",
+        ]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
@@ -94,6 +120,11 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.nan_policy == "skip" and self.precision == "fp16":
+            raise ConfigError(
+                "--nan-policy skip does not combine with --precision fp16, whose loss scaling already skips updates "
+                "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
+            )
         if self.keep_checkpoints < 1:
             raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
 

@@ -16,12 +16,13 @@ from .callbacks import EarlyStopping, MetricLogger, ProgressBar
 from .checkpoint import Checkpointer, ConfigState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import DataError, TrainingError
+from .errors import TrainingError
 from .loss import per_sample_loss
 from .metrics import build_metrics
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import distribute_eval, distribute_train, split_size
+from .train_step import TrainStep, check_per_sample
 
 SUM = tf.distribute.ReduceOp.SUM
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -37,8 +38,6 @@ class Trainer:
         self.runtime = runtime
         self.strategy = runtime.strategy
         self.run_dir = Path(config.run_dir)
-        self.replicas = self.strategy.num_replicas_in_sync
-        self.micro_batch_size = config.check_batch_split(self.replicas)
         self.train_set, val_set, test_set = datasets
         self.train_size = split_size(self.train_set, "train")
         self.updates_per_epoch = -(-self.train_size // config.global_batch_size)  # the last batch may be short
@@ -64,7 +63,8 @@ class Trainer:
             self.eval_loss = keras.metrics.Mean(name="loss")
             self.eval_metrics = build_metrics()
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # optimizer updates done
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # optimizer updates applied
+            self.train_step = TrainStep(config, runtime, self.model, self.optimizer, (self.epoch, self.step))
             self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
             self.saved_config = ConfigState(config)
             self.checkpointer = Checkpointer(
@@ -80,73 +80,13 @@ class Trainer:
         self.logger = MetricLogger(self.run_dir) if runtime.is_chief else None
         self.progress = ProgressBar(config.progress and runtime.is_chief)
 
-        # Each step is traced once: the signature fixes every dimension but the batch size, so the
-        # short last batch (or a replica whose batch is empty) runs the same graph, not a retrace.
-        train_spec = distribute_train(self.strategy, self.train_set, config, epoch=0).element_spec
-        self.distributed_train_step = tf.function(self._distributed_train_step, input_signature=[train_spec])
+        # The evaluation steps are traced once each, like the train step (train_step.py).
         self.distributed_val_step = tf.function(
             self._distributed_eval_step, input_signature=[self.eval_sets["val"].element_spec]
         )
         self.distributed_test_step = tf.function(
             self._distributed_eval_step, input_signature=[self.eval_sets["test"].element_spec]
         )
-
-    def _distributed_train_step(self, batch: Any) -> tf.Tensor:
-        """One optimizer update; returns the global batch's summed loss and its number of samples."""
-        loss_sum, samples = self.strategy.run(self.train_step, args=(batch,))
-        self.step.assign_add(1)
-        return tf.stack([self.strategy.reduce(SUM, loss_sum, axis=None), self.strategy.reduce(SUM, samples, axis=None)])
-
-    def train_step(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        """One update as one replica sees it: its micro-batches forward and backward, then apply."""
-        _, targets = batch
-        samples = tf.cast(tf.shape(targets)[0], tf.float32)
-        # N, the samples in this global batch over all replicas: fewer than --global-batch-size in
-        # the last batch of an epoch, where some replicas may get no samples at all.
-        global_samples = tf.distribute.get_replica_context().all_reduce(SUM, samples)
-        variables = self.model.trainable_variables
-        grads = [tf.zeros(variable.shape, variable.dtype) for variable in variables]
-        loss_sum = tf.constant(0.0, tf.float64)
-        for micro_step in tf.range(self.config.grad_accum_steps):
-            # One micro-batch at a time: accumulation is there to bound memory, so no overlap.
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            micro_inputs, micro_targets = _rows(batch, micro_step * self.micro_batch_size, self.micro_batch_size)
-            with tf.GradientTape() as tape:
-                losses = _per_sample(per_sample_loss(self.model(micro_inputs, training=True), micro_targets))
-                # The update must follow the gradient of the mean loss over the N samples of the
-                # global batch, (1/N) * sum_i grad(l_i) over every replica and micro-step. Each
-                # replica adds sum(l_i) / N for the samples of each micro-step, and the all-reduce
-                # in _apply_gradients sums the replicas: exactly that mean, for any number of
-                # replicas R and micro-steps A. N is counted in every update, so the short last
-                # batch is averaged over its true size (tf.nn.compute_average_loss with the constant
-                # --global-batch-size would shrink it). Regularization losses depend only on the
-                # weights, which every replica and micro-step shares: each adds 1/(R*A) of them.
-                loss = tf.reduce_sum(losses) / global_samples
-                if self.model.losses:
-                    loss += tf.add_n(self.model.losses) / (self.replicas * self.config.grad_accum_steps)
-                scaled_loss = self.optimizer.scale_loss(loss)  # times the fp16 loss scale; else unchanged
-            micro_grads = tape.gradient(scaled_loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            grads = [total + grad for total, grad in zip(grads, micro_grads, strict=True)]
-            loss_sum += tf.reduce_sum(tf.cast(losses, tf.float64))
-        self._apply_gradients(grads)
-        return loss_sum, tf.cast(samples, tf.float64)
-
-    def _apply_gradients(self, grads: list[tf.Tensor]) -> None:
-        """Clip the global batch's gradient and update the weights (on every replica)."""
-        context = tf.distribute.get_replica_context()
-        grads = context.all_reduce(SUM, grads)  # the replicas' shares add up to the global gradient
-        if self.config.max_grad_norm > 0:
-            # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides
-            # it out): clipping S*g at S*max_norm is clipping g at max_norm.
-            loss_scale = self.optimizer.scale_loss(1.0)
-            grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale)
-        # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
-        # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
-        # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
-        # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
-        is_first = tf.equal(context.replica_id_in_sync_group, 0)
-        grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
 
     def _distributed_eval_step(self, batch: Any) -> tf.Tensor:
         """Update the metrics with one evaluation batch per replica; returns its number of samples."""
@@ -155,34 +95,67 @@ class Trainer:
 
     def eval_step(self, batch: Any) -> tf.Tensor:
         inputs, targets = batch
-        outputs = self.model(inputs, training=False)
-        self.eval_loss.update_state(_per_sample(per_sample_loss(outputs, targets)))
-        for metric in self.eval_metrics.values():
-            metric.update_state(targets, outputs)
+
+        def update_metrics() -> None:
+            outputs = self.model(inputs, training=False)
+            self.eval_loss.update_state(check_per_sample(per_sample_loss(outputs, targets)))
+            for metric in self.eval_metrics.values():
+                metric.update_state(targets, outputs)
+
+        # An empty batch (a replica left without samples at the end) adds nothing, so the model is
+        # not run on it: some kernels mishandle empty batches (train_step.py says more).
+        tf.cond(tf.shape(targets)[0] > 0, update_metrics, lambda: None)
         return tf.shape(targets)[0]
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One pass over the training set; returns the mean training loss over its samples."""
+        """One pass over the training set; returns the mean training loss (and the skipped updates)."""
         self.progress.start(epoch + 1, self.config.epochs, self.updates_per_epoch)
-        epoch_totals = window = tf.zeros([2], tf.float64)  # summed loss, samples
-        updates = 0
-        for updates, batch in enumerate(distribute_train(self.strategy, self.train_set, self.config, epoch), 1):
-            totals = self.distributed_train_step(batch)
+        # Summed over the epoch and since the last check: loss, samples of applied updates, all
+        # samples, skipped updates (train_step.py).
+        epoch_totals = window = tf.zeros([4], tf.float64)
+        batches = iter(distribute_train(self.strategy, self.train_set, self.config, epoch))
+        updates, log_every = 0, self.config.log_every
+        while updates < self.updates_per_epoch:
+            count = min(self.config.steps_per_call, self.updates_per_epoch - updates)
+            try:
+                totals = self.train_step.call(batches, tf.constant(count))
+            except tf.errors.OutOfRangeError:
+                raise TrainingError(
+                    f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
+                    "data.py must give the same samples every epoch"
+                ) from None
             epoch_totals, window = epoch_totals + totals, window + totals
-            if updates % self.config.log_every == 0 or updates == self.updates_per_epoch:
-                loss_sum, samples = window.numpy()
-                loss = loss_sum / max(1.0, samples)
-                self._check_finite("training loss", loss, epoch)
-                self.progress.update(updates, int(epoch_totals[1]), loss)
-                window = tf.zeros([2], tf.float64)
+            updates += count
+            # Progress and the NaN check at the end of each call that passes a multiple of --log-every.
+            if updates // log_every > (updates - count) // log_every or updates == self.updates_per_epoch:
+                if self.train_step.gave_up():
+                    raise TrainingError(self._not_finite_message(epoch))
+                loss_sum, kept, _, _ = window.numpy()
+                self.progress.update(updates, int(epoch_totals[2]), loss_sum / max(1.0, kept))
+                window = tf.zeros([4], tf.float64)
         self.progress.finish()
-        loss_sum, samples = epoch_totals.numpy()
-        if updates != self.updates_per_epoch or samples != self.train_size:
-            raise TrainingError(
-                f"trained on {samples:.0f} samples in {updates} updates this epoch, "
-                f"expected {self.train_size} in {self.updates_per_epoch}"
+        loss_sum, kept, samples, skipped = epoch_totals.numpy()
+        if samples != self.train_size:
+            raise TrainingError(f"trained on {samples:.0f} samples this epoch, expected {self.train_size}")
+        result = {"train_loss": loss_sum / kept if kept else math.nan}
+        if self.config.nan_policy == "skip":
+            result["skipped_updates"] = int(skipped)
+        return result
+
+    def _not_finite_message(self, epoch: int) -> str:
+        """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
+        where, advice = f"epoch {epoch + 1}, step {int(self.step.numpy())}", "lower --lr, check your data for NaN/inf"
+        if self.config.nan_policy == "skip":
+            skips = self.config.max_consecutive_skips + 1
+            return (
+                f"the loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights have "
+                f"diverged: {advice}, or use --precision fp32"
             )
-        return {"train_loss": loss_sum / samples}
+        loss = float(self.train_step.skipped_loss.numpy())
+        problem = f"training loss is {loss}"
+        if math.isfinite(loss):  # the loss was fine, its gradients were not
+            problem = f"the gradients are NaN/inf (training loss {loss:.4g})"
+        return f"{problem} at {where}; {advice}, or use --precision fp32"
 
     def _check_finite(self, name: str, value: float, epoch: int) -> None:
         if not math.isfinite(value):
@@ -264,18 +237,3 @@ class Trainer:
         if self.logger is not None:
             self.logger.close()
         return summary
-
-
-def _rows(batch: Any, start: tf.Tensor, size: int) -> Any:
-    """Rows [start, start + size) of every tensor in `batch`: fewer, or none, past its end."""
-    return tf.nest.map_structure(lambda tensor: tensor[start : start + size], batch)
-
-
-def _per_sample(losses: tf.Tensor) -> tf.Tensor:
-    """Check, while tracing, that loss.py gave one value per sample (a mean would silently mis-scale)."""
-    if losses.shape.rank != 1:
-        raise DataError(
-            f"loss.py must return one value per sample, shape [batch], got shape {losses.shape}; "
-            "do not average over the batch"
-        )
-    return losses

@@ -4,6 +4,8 @@ train.py turns each into one message and an exit code; the message names the fla
 to change.
 """
 
+import re
+
 
 class RunError(Exception):
     """A run that cannot start or go on."""
@@ -27,3 +29,11 @@ class TrainingError(RunError):
 
 class CheckpointError(RunError):
     """No usable checkpoint where one was expected."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
+    message = getattr(error, "message", None) or str(error)
+    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*"
+    lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
+    return next((line for line in lines if line), type(error).__name__)
