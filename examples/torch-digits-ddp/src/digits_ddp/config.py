@@ -40,7 +40,8 @@ class TrainConfig:
         metadata={"help": "On NaN/inf gradients: stop the run, or skip that update (one host sync per update)."},
     )
     max_consecutive_skips: int = field(
-        default=10, metadata={"help": "With --nan-policy skip: stop once this many updates in a row were skipped."}
+        default=10,
+        metadata={"help": "With --nan-policy skip: stop after more than this many skipped updates in a row."},
     )
     precision: Literal["fp32", "bf16", "fp16"] = field(
         default="fp32", metadata={"help": "Autocast precision; fp16 adds dynamic loss scaling."}
