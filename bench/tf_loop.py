@@ -25,18 +25,16 @@ Run from the repository root (a few minutes on 2 shared CPU cores):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is imported, just below
@@ -44,10 +42,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is im
 import keras
 import numpy as np
 import tensorflow as tf
+from timing import REPO, Timings, patched, pretend_tty, print_comparison, rate, template_revision
 
-REPO = Path(__file__).resolve().parents[1]
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
-Timings = list[tuple[float, float]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -257,32 +254,7 @@ def report(
     )
     if max(load) > cores:
         print(f"warning: load average above {cores}: other processes share the CPUs, so expect noise")
-    wall = {name: [rate(args, epochs, 0) for epochs in rounds] for name, rounds in timings.items()}
-    cpu = {name: [rate(args, epochs, 1) for epochs in rounds] for name, rounds in timings.items()}
-    best = {
-        name: max(rate(args, [epoch], 0) for epochs in rounds for epoch in epochs) for name, rounds in timings.items()
-    }
-    print(f"{'loop':<14}{'samples/s median':>18}{'min .. max':>22}{'best epoch':>12}{'per CPU-s median':>18}")
-    for name in timings:
-        print(
-            f"{name:<14}{statistics.median(wall[name]):>18,.0f}{spread(wall[name]):>22}"
-            f"{best[name]:>12,.0f}{statistics.median(cpu[name]):>18,.0f}"
-        )
-    for baseline in [name for name in timings if name != "generated"]:
-        # Paired by round: the runs were back to back, so a ratio cancels slow phases of the machine.
-        ratios = [g / b for g, b in zip(wall["generated"], wall[baseline], strict=True)]
-        cpu_ratio = statistics.median(g / b for g, b in zip(cpu["generated"], cpu[baseline], strict=True))
-        median = statistics.median(ratios)
-        line = (
-            f"generated / {baseline:<12}: {median:.3f}x median of rounds (range {min(ratios):.3f} .. "
-            f"{max(ratios):.3f}), {best['generated'] / best[baseline]:.3f}x best epochs, {cpu_ratio:.3f}x CPU time"
-        )
-        if baseline == "fit":
-            line += f"  [{'meets' if median > 1 else 'below'} the target: faster than model.fit]"
-        print(line)
-
-
-# --- helpers shared in spirit with torch_loop.py (copied: this script must not need torch) -------
+    print_comparison(args, timings, {"fit": ">1.0"})
 
 
 class EpochClock:
@@ -296,52 +268,6 @@ class EpochClock:
 
     def stop(self) -> None:
         self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
-
-
-@contextlib.contextmanager
-def patched(module: types.ModuleType, **attributes: object) -> Iterator[None]:
-    saved = {name: getattr(module, name) for name in attributes}
-    for name, value in attributes.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
-@contextlib.contextmanager
-def pretend_tty(stream: object, enabled: bool) -> Iterator[None]:
-    """Make `stream.isatty()` return True, so the template's ProgressBar draws as on a terminal."""
-    if not enabled:
-        yield
-        return
-    stream.isatty = lambda: True  # type: ignore[attr-defined]  # shadows the method on this one object
-    try:
-        yield
-    finally:
-        del stream.isatty  # type: ignore[attr-defined]
-
-
-def template_revision() -> str:
-    """The commit the template was rendered from, and whether uncommitted template edits went in too."""
-    git = ["git", "-C", str(REPO)]
-    try:
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", "templates"], capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" + uncommitted template edits" if dirty.stdout.strip() else "")
-
-
-def rate(args: argparse.Namespace, epochs: Timings, clock: int) -> float:
-    """Samples per second over `epochs`, by wall clock (clock 0) or process CPU time (clock 1)."""
-    samples: int = args.train_size * len(epochs)
-    return samples / sum(epoch[clock] for epoch in epochs)
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):,.0f} .. {max(values):,.0f}"
 
 
 if __name__ == "__main__":

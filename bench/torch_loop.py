@@ -23,26 +23,24 @@ Run from the repository root (about 1 minute on 2 idle CPU cores, up to 3 when t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import REPO, patched, pretend_tty, print_comparison, rate, template_revision
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.95  # generated / hand-written, as the project states it
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
 
@@ -265,31 +263,6 @@ def run_lightning(run: Run, round_index: int) -> list[tuple[float, float]]:
 # --- driver ---------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def patched(module: types.ModuleType, **attributes: object) -> Iterator[None]:
-    saved = {name: getattr(module, name) for name in attributes}
-    for name, value in attributes.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
-@contextlib.contextmanager
-def pretend_tty(stream: object, enabled: bool) -> Iterator[None]:
-    """Make `stream.isatty()` return True, so the template's ProgressBar draws as on a terminal."""
-    if not enabled:
-        yield
-        return
-    stream.isatty = lambda: True  # type: ignore[attr-defined]  # shadows the method on this one object
-    try:
-        yield
-    finally:
-        del stream.isatty  # type: ignore[attr-defined]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore")  # Lightning's hints about workers and loggers
@@ -333,23 +306,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def template_revision() -> str:
-    """The commit the template was rendered from, and whether uncommitted template edits went in too."""
-    git = ["git", "-C", str(REPO)]
-    try:
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", "templates"], capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" + uncommitted template edits" if dirty.stdout.strip() else "")
-
-
-def rate(args: argparse.Namespace, epochs: list[tuple[float, float]], clock: int) -> float:
-    """Samples per second over `epochs`, by wall clock (clock 0) or process CPU time (clock 1)."""
-    samples: int = args.train_size * len(epochs)
-    return samples / sum(epoch[clock] for epoch in epochs)
-
-
 def report(
     args: argparse.Namespace,
     timings: dict[str, list[list[tuple[float, float]]]],
@@ -365,35 +321,7 @@ def report(
     )
     if max(load) > cores:
         print(f"warning: load average above {cores}: other processes share the CPUs, so expect noise")
-    # Per round: samples/s over its timed epochs. Best epoch: the fastest single epoch of any round,
-    # the estimate least hurt by other processes (they can only slow an epoch down).
-    wall = {name: [rate(args, epochs, 0) for epochs in rounds] for name, rounds in timings.items()}
-    cpu = {name: [rate(args, epochs, 1) for epochs in rounds] for name, rounds in timings.items()}
-    best = {
-        name: max(rate(args, [epoch], 0) for epochs in rounds for epoch in epochs) for name, rounds in timings.items()
-    }
-    print(f"{'loop':<14}{'samples/s median':>18}{'min .. max':>22}{'best epoch':>12}{'per CPU-s median':>18}")
-    for name in timings:
-        print(
-            f"{name:<14}{statistics.median(wall[name]):>18,.0f}{spread(wall[name]):>22}"
-            f"{best[name]:>12,.0f}{statistics.median(cpu[name]):>18,.0f}"
-        )
-    for baseline in [name for name in timings if name != "generated"]:
-        # Paired by round: the two runs were back to back, so a ratio cancels slow phases of the machine.
-        ratios = [g / b for g, b in zip(wall["generated"], wall[baseline], strict=True)]
-        cpu_ratio = statistics.median(g / b for g, b in zip(cpu["generated"], cpu[baseline], strict=True))
-        median = statistics.median(ratios)
-        line = (
-            f"generated / {baseline:<12}: {median:.3f}x median of rounds (range {min(ratios):.3f} .. "
-            f"{max(ratios):.3f}), {best['generated'] / best[baseline]:.3f}x best epochs, {cpu_ratio:.3f}x CPU time"
-        )
-        if baseline == "hand-written":
-            line += f"  [{'meets' if median >= TARGET_RATIO else 'below'} the {TARGET_RATIO}x target]"
-        print(line)
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):,.0f} .. {max(values):,.0f}"
+    print_comparison(args, timings, {"hand-written": str(TARGET_RATIO)})
 
 
 if __name__ == "__main__":
