@@ -126,7 +126,7 @@ def new(
     from looptpl.gitcmd import enclosing_repository
     from looptpl.questions import parse_data, settle_answers
     from looptpl.render import RenderRequest, render_project
-    from looptpl.validation import check_destination
+    from looptpl.validation import check_destination, nearest_existing_parent
 
     check_destination(destination)  # before any question: nobody wants to answer and then hear "not empty"
     given = parse_data(data or [])
@@ -141,7 +141,7 @@ def new(
         defaults=defaults,
     )
     # Inside another repository (a monorepo, say) the project joins it instead of nesting a second one.
-    enclosing = enclosing_repository(destination.absolute()) if git and not dry_run else None
+    enclosing = enclosing_repository(nearest_existing_parent(destination)) if git and not dry_run else None
     request = RenderRequest(destination=destination, answers=answers, git=git and enclosing is None, dry_run=dry_run)
     files = render_project(request)
     if dry_run:

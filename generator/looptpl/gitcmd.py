@@ -52,11 +52,8 @@ def identity_if_missing(cwd: Path) -> dict[str, str]:
     return {} if known else FALLBACK_IDENTITY
 
 
-def enclosing_repository(path: Path) -> Path | None:
-    """The top of the git work tree that `path` (or its nearest existing parent) lies in, if any."""
-    folder = path
-    while not folder.is_dir():
-        folder = folder.parent
+def enclosing_repository(folder: Path) -> Path | None:
+    """The top of the git work tree that the existing `folder` lies in, if any."""
     if shutil.which("git") is None or not succeeds("rev-parse", "--is-inside-work-tree", cwd=folder):
         return None
     return Path(git("rev-parse", "--show-toplevel", cwd=folder).strip())
