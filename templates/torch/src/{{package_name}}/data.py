@@ -1,11 +1,13 @@
-"""Your data: the train, validation and test datasets.
+"""Your data: the train, validation and test datasets, and how their items become batches.
 
 This file is yours: `copier update` keeps your edits here.
 The default is a synthetic classification task so the project trains before any edit.
 """
 
+from typing import Any
+
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from .config import TrainConfig
 
@@ -17,8 +19,10 @@ NUM_CLASSES = 4
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
     """Return the (train, validation, test) datasets.
 
-    Every item must be an `(inputs, targets)` pair. Every rank calls this with the same
-    config and must get the same datasets: the engine shards them, so do not shard here.
+    An item can be anything `collate` turns into a batch: a tensor, a tuple, a dict. Every rank
+    calls this with the same config and must get the same datasets: the engine shards them, so do
+    not shard here. Open files lazily in `__getitem__` (not here): each DataLoader worker must
+    open its own handle.
     """
     # TODO(data): load your data here instead of the synthetic task below. The sizes are odd on
     # purpose: they exercise the short last batch and uneven evaluation shards.
@@ -32,3 +36,11 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
         return TensorDataset(inputs, targets)
 
     return make_split(1003), make_split(251), make_split(257)
+
+
+def collate(items: list[Any]) -> Any:
+    """Turn a list of items into one batch (step.py receives it on the device).
+
+    The default stacks tensors, also inside tuples and dicts; pad variable-length sequences here.
+    """
+    return default_collate(items)

@@ -1,17 +1,25 @@
-"""Your evaluation metrics, one value per sample.
+"""Your evaluation metrics.
 
 This file is yours: `copier update` keeps your edits here.
 """
 
 import torch
 
+from .collect import Gather, Mean
 
-def per_sample_metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Return each metric as one value per sample, shape `[batch]`.
 
-    The engine sums each metric over every validation or test sample exactly once, across all
-    ranks, and divides by the number of samples: the result is the dataset mean. Metrics that
-    are not a mean over samples (F1, AUC) need their own reduction.
+def batch_metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Mean | Gather]:
+    """Each metric of one evaluation batch, by name; logged as val_<name> and test_<name>.
+
+    A `Mean` of per-sample values (with `weights=` for per-token values) is averaged over every
+    sample of the split, each counted once over all ranks. For metrics that are not a mean (F1,
+    AUC), return per-sample rows as `Gather(...)` and compute them in `dataset_metrics`.
     """
-    # TODO(metrics): replace or extend; names appear in logs as val_<name> and test_<name>.
-    return {"accuracy": (outputs.argmax(dim=1) == targets).float()}
+    # TODO(metrics): replace or extend.
+    return {"accuracy": Mean((outputs.argmax(dim=1) == targets).float())}
+
+
+def dataset_metrics(means: dict[str, float], gathered: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Metrics of a whole split, from its means and the rows of every `Gather` (one per sample,
+    in dataset order, from all ranks); logged beside the means. Every rank calls this."""
+    return {}
