@@ -1,5 +1,6 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
+import math
 import os
 import signal
 import subprocess
@@ -55,3 +56,42 @@ def answers(project: Path) -> dict:
 
 def python() -> str:
     return sys.executable
+
+
+def train_torch(
+    project: Path, run_dir: Path, *flags: str, ranks: int = 1, sources: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Train a torch project on the CPU (`ranks` gloo processes under torchrun); fails the test on an error.
+
+    `sources` replaces the project's src/ (an edited copy); one thread per rank, as torchrun sets it.
+    """
+    package = answers(project)["package_name"]
+    module = ["-m", f"{package}.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress", *flags]
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    environment = {"PYTHONPATH": str(sources or project / "src"), "OMP_NUM_THREADS": "1"}
+    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return result
+
+
+def trained_weights(run_dir: Path) -> dict:
+    """The model weights of a run's newest epoch checkpoint."""
+    import torch
+
+    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["model"]
+
+
+def relative_difference(left: dict, right: dict) -> float:
+    """||left - right|| / ||left||, all weights as one vector: 0 for equal models, scale-free.
+
+    Over the whole model, not per tensor: Adam turns the float noise of a gradient that is exactly
+    zero in theory (an attention key bias) into steps the size of the learning rate, so one such
+    tensor would differ by percent between 1 and N ranks without any bug in the loop.
+    """
+    assert left.keys() == right.keys()
+    difference = sum(float(((left[name] - right[name]).double() ** 2).sum()) for name in left)
+    size = sum(float((left[name].double() ** 2).sum()) for name in left)
+    return math.sqrt(difference / max(size, 1e-30))

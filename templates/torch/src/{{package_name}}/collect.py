@@ -101,7 +101,9 @@ def check_eval_values(values: object) -> dict[str, Mean | Gather]:
         if name == "samples" or not isinstance(name, str):
             raise StepError(f"eval_step returned a value named {name!r}; the logs use that name, choose another")
         if not isinstance(value, Mean | Gather):
-            raise StepError(f"eval_step's {name!r} must be a Mean or a Gather, got {_describe(value)}")
+            raise StepError(
+                f"eval_step (step.py, metrics.py) returned {name!r} as {_describe(value)}; return a Mean or a Gather"
+            )
         if isinstance(value, Gather) and (not isinstance(value.rows, torch.Tensor) or value.rows.dim() == 0):
             raise StepError(f"eval_step's {name!r}: Gather needs per-sample rows, got {_describe(value.rows)}")
     return values

@@ -53,18 +53,20 @@ def user_code_error(error: Exception, doing: str) -> RunError:
     Errors that did not pass through a user file are the template's: they keep their traceback.
     """
     text = str(error).strip()
-    if isinstance(error, RunError):  # already one line, unless a DataLoader worker wrapped it
-        return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1]) if "\n" in text else error
+    if isinstance(error, RunError) and "\n" in text:  # a DataLoader worker's error, with its traceback
+        return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1])
     if type(error).__name__ == "OutOfMemoryError":
         return StepError(f"out of memory {doing}; lower --global-batch-size or raise --grad-accum-steps")
     package = Path(__file__).parent
     places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
     places += [(Path(name), int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', text)]
     mine = [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+    if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
+        return type(error)(f"{mine[-1]}: {text}") if mine else error
     if not mine:
         raise error
     lines = [line for line in text.splitlines() if line.strip()]
     message = lines[-1].strip() if lines else type(error).__name__
-    if not message.startswith(type(error).__name__) and "Error" not in message.split(":")[0]:
+    if not message.startswith(type(error).__name__):
         message = f"{type(error).__name__}: {message}"
     return StepError(f"{mine[-1]} failed {doing}: {message}")

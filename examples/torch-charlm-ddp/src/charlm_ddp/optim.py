@@ -1,0 +1,29 @@
+"""Your optimizer and learning-rate schedule.
+
+This file is yours: `copier update` keeps your edits here.
+"""
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .schedules import warmup_schedule
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """Build the optimizer over the (already wrapped) model's parameters.
+
+    With several networks, `model` is model.py's dict: return a dict of optimizers; step.py
+    yields one loss per optimizer, in this dict's order.
+    """
+    return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Build the schedule, stepped once per optimizer update (`total_steps` updates in all).
+
+    With a dict of optimizers, return a dict of schedules with the same names.
+    """
+    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps)

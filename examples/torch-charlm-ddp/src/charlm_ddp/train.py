@@ -1,0 +1,114 @@
+"""Train charlm_ddp: parse the config, build, fit, test. Managed by the looptpl template.
+
+Launch:
+    python -m charlm_ddp.train                                            # one process: CPU or one GPU
+    torchrun --standalone --nproc-per-node 8 -m charlm_ddp.train           # 8 GPUs on one machine
+    torchrun --standalone --nproc-per-node 2 -m charlm_ddp.train --device cpu  # 2 CPU ranks (gloo)
+    # N machines: run on every node; HOST is the first node's address, JOB any shared id
+    torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+        --rdzv-id JOB --max-restarts 3 -m charlm_ddp.train
+
+Your code lives in data.py, model.py, step.py, loss.py, metrics.py, optim.py and settings.py;
+`--help` lists every flag, yours first.
+"""
+
+import dataclasses
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from . import distributed
+from .config import TrainConfig, parse_config
+from .data import build_datasets
+from .engine import Trainer
+from .errors import ConfigError, RunError
+from .evaluation import finite_or_raise
+from .model import build_model
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
+    """Create the run directory and save the config there; return whether to resume from it."""
+    run_dir = Path(config.run_dir)
+    has_run = any((run_dir / "checkpoints").glob("epoch-*.pt"))
+    # After a failure, torchrun --max-restarts starts every rank again: continue from the last checkpoint.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    resume = config.resume or (restarted and has_run)
+    if has_run and not resume:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
+    if resume and not has_run:
+        raise ConfigError(f"--resume: {run_dir} holds no checkpoint; drop --resume to start a new run")
+    problem = ""
+    if runtime.is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+        except OSError as error:
+            problem = f"cannot write to --run-dir {run_dir} ({error.strerror}); choose a folder you can write to"
+    # Only rank 0 writes, but every rank must learn whether that worked, or they would wait for it forever.
+    if distributed.agree(bool(problem)):
+        raise ConfigError(problem or f"rank 0 cannot write to --run-dir {run_dir}; choose a folder it can write to")
+    return resume
+
+
+def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
+    resume = prepare_run_dir(config, runtime)
+    # The same seed on every rank: identical data and identical initial weights everywhere.
+    seed_everything(config.seed)
+    trainer = Trainer(config, runtime, build_model(config), build_datasets(config))
+    if resume:
+        trainer.resume()
+    else:
+        # From here on each rank draws its own numbers (dropout, augmentation).
+        seed_everything(config.seed + runtime.rank)
+    summary = trainer.fit()
+    if summary is None:
+        if runtime.is_main:
+            print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
+        return
+    if runtime.is_main:
+        (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        width = max(map(len, summary))
+        print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+    # The summary is written either way; a NaN test result still fails the run (on every rank alike).
+    finite_or_raise(summary, "the final test")
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)
+    try:
+        run(config, distributed.setup(config))
+    except RunError as error:
+        print(f"error: {error}", file=sys.stderr)
+        # An error raised alike on every rank lets all of them leave together; one raised on this rank
+        # alone (a bad batch) must not wait for the others, which would hang in their next collective.
+        distributed.teardown(wait_for_others=error.on_every_rank)
+        return error.exit_code
+    except BaseException as error:
+        # A crash: leave at once so the other ranks fail fast instead of waiting for this one.
+        distributed.teardown(wait_for_others=False)
+        reason = distributed.explain_failure(error)
+        if reason is not None:
+            print(f"error: {reason}", file=sys.stderr)
+            return 1
+        raise
+    distributed.teardown(wait_for_others=True)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    # Leave without the interpreter's teardown: a finished rank was seen, rarely, to abort there
+    # ("terminate called without an active exception") while C++ threads of torch.distributed
+    # were being destroyed, turning a successful run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

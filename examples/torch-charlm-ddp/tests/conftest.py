@@ -1,0 +1,131 @@
+"""Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
+
+RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
+
+
+def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple[str, ...] = ()) -> list[str]:
+    """The command that trains into `run_dir`: plain python for one rank, torchrun for several."""
+    module = ["-m", "charlm_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress", *flags]
+    if launcher:
+        return [*launcher, *module]
+    if ranks == 1:
+        return [sys.executable, *module]
+    # --standalone picks a free rendezvous port, so parallel test runs never clash.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *module]
+
+
+def start(command: list[str], sources: Path = PROJECT_ROOT / "src", **environment: str) -> subprocess.Popen:
+    """Start a command in its own process group, with `sources` (src/ or an edited copy) importable."""
+    environment = {**os.environ, "PYTHONPATH": str(sources), "OMP_NUM_THREADS": "1", **environment}
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
+    )
+
+
+def finish(process: subprocess.Popen, expect_success: bool = True) -> subprocess.CompletedProcess:
+    """Wait for a started command; kill its whole process group if it outlives the timeout."""
+    try:
+        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the whole group: torchrun and every rank
+        output, _ = process.communicate()
+        pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{output}")
+    if expect_success and process.returncode != 0:
+        pytest.fail(f"training failed with exit code {process.returncode}:\n{output}")
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+def run_training(
+    run_dir: Path,
+    *flags: str,
+    ranks: int = 1,
+    expect_success: bool = True,
+    sources: Path = PROJECT_ROOT / "src",
+    launcher: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    """Train in a fresh process (or `ranks` processes under torchrun) writing to `run_dir`.
+
+    `sources` can point at an edited copy of src/ (see `edited_sources`).
+    """
+    return finish(start(training_command(run_dir, *flags, ranks=ranks, launcher=launcher), sources), expect_success)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def edited_sources(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    """A copy of src/ with one edit in one of the package's files, as a user might make it."""
+    copy = tmp_path / "edited_src"
+    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    path = copy / "charlm_ddp" / file
+    text = path.read_text()
+    if old not in text:  # the user replaced the template's default code that this test edits
+        pytest.skip(f"{file} no longer holds the default code this test edits: {old!r}")
+    path.write_text(text.replace(old, new))
+    return copy
+
+
+def sources_with_a_nan_training_sample(tmp_path: Path) -> Path:
+    """data.py whose training split holds one NaN input, which makes one update's gradients NaN per epoch."""
+    return edited_sources(
+        tmp_path,
+        "data.py",
+        "    return make_split(1003), make_split(251), make_split(257)",
+        "    train = make_split(1003)\n    train.tensors[0][5, 0] = float('nan')\n"
+        "    return train, make_split(251), make_split(257)",
+    )
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-epoch records, without wall-clock fields."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{name: value for name, value in record.items() if not name.endswith("_time_s")} for record in records]
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["model"]
+
+
+def assert_same_weights(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor], rtol: float = 0.0) -> None:
+    """Equal weights; with `rtol`, up to that fraction of each tensor's largest magnitude.
+
+    Relative to the tensor's scale, so the same check fits a small MLP and a transformer whose float
+    rounding differs between 1 and N ranks, while a scaling bug (a factor of 2, a mean of means)
+    still fails it.
+    """
+    assert left.keys() == right.keys()
+    for name in left:
+        atol = rtol * float(left[name].abs().max()) + (1e-12 if rtol else 0.0)
+        torch.testing.assert_close(left[name], right[name], atol=atol, rtol=0, msg=name)
+
+
+def assert_same_metrics(left: list[dict[str, Any]], right: list[dict[str, Any]], rel: float = 0.0) -> None:
+    assert len(left) == len(right)
+    for left_record, right_record in zip(left, right, strict=True):
+        assert left_record.keys() == right_record.keys()
+        for name, value in left_record.items():
+            assert right_record[name] == pytest.approx(value, rel=rel, abs=rel), (left_record["epoch"], name)

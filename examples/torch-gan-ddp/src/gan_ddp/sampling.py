@@ -1,0 +1,185 @@
+"""Which samples each rank sees. Managed by the looptpl template: edit data.py instead.
+
+Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches;
+each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
+its own. The union over ranks and micro-steps is exactly the global batch that a single process
+would see, so N ranks train like 1 rank with the same global batch.
+
+Evaluation: rank r takes samples r, r + N, r + 2N, ... A rank whose shard needs one batch fewer
+runs a padding batch, so every rank runs the same number of batches (FSDP needs that: each
+forward is a collective); its values are dropped, so every sample counts exactly once.
+"""
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from . import data
+from .config import TrainConfig
+from .errors import DataError, user_code_error
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches of indices, `grad_accum_steps` per optimizer update."""
+
+    def __init__(
+        self, dataset_size: int, global_batch_size: int, grad_accum_steps: int, rank: int, world_size: int, seed: int
+    ) -> None:
+        self.dataset_size = dataset_size
+        self.global_batch_size = global_batch_size
+        self.splits = world_size * grad_accum_steps
+        self.grad_accum_steps = grad_accum_steps
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.epoch = 0
+        # A short last global batch is kept if every micro-batch gets at least one sample.
+        full, rest = divmod(dataset_size, global_batch_size)
+        self.updates_per_epoch = full + (1 if rest >= self.splits else 0)
+        self.samples_per_epoch = full * global_batch_size + (rest if rest >= self.splits else 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle: each epoch uses its own permutation, the same on every rank."""
+        self.epoch = epoch
+
+    def global_batch_sizes(self) -> list[int]:
+        """Samples in each global batch of an epoch (the last one may be short)."""
+        sizes = [self.global_batch_size] * (self.samples_per_epoch // self.global_batch_size)
+        if self.samples_per_epoch % self.global_batch_size:
+            sizes.append(self.samples_per_epoch % self.global_batch_size)
+        return sizes
+
+    def __iter__(self) -> Iterator[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.dataset_size, generator=generator)[: self.samples_per_epoch]
+        for global_batch in order.split(self.global_batch_size):
+            # tensor_split gives near-equal parts, so a short last batch is spread evenly.
+            parts = global_batch.tensor_split(self.splits)
+            for micro_step in range(self.grad_accum_steps):
+                yield parts[micro_step * self.world_size + self.rank].tolist()
+
+    def __len__(self) -> int:
+        return self.updates_per_epoch * self.grad_accum_steps
+
+
+class EvalBatchSampler(Sampler[list[int]]):
+    """Rank r's share of an evaluation set, samples r, r + N, r + 2N, ..., in batches.
+
+    Every rank runs as many batches as the rank with the most: one short of that gets a padding
+    batch (a repeated sample) after its `real_batches`, whose values the engine drops.
+    """
+
+    def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:
+        self.dataset_size = dataset_size
+        indices = list(range(rank, dataset_size, world_size))
+        self.real_size = len(indices)
+        self.batches = [indices[start : start + batch_size] for start in range(0, len(indices), batch_size)]
+        self.real_batches = len(self.batches)
+        longest_shard = -(-dataset_size // world_size)
+        self.batches += [[0]] * (-(-longest_shard // batch_size) - self.real_batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@dataclass
+class Loaders:
+    """This rank's data loaders, the sampler that drives training, and how batches reach the device."""
+
+    train: DataLoader
+    train_sampler: GlobalBatchSampler
+    val: DataLoader
+    test: DataLoader
+    device: torch.device
+
+    def next_batch(self, batches: Iterator[Any]) -> Any:
+        """The next batch on the device; an error in data.py names its file and line."""
+        try:
+            return self.to_device(next(batches))
+        except Exception as error:
+            raise user_code_error(error, "loading a batch") from None
+
+    def to_device(self, batch: Any) -> Any:
+        """Move every tensor of a batch (nested in tuples, lists and dicts) to the device, without waiting."""
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
+        if isinstance(batch, dict):
+            return {key: self.to_device(value) for key, value in batch.items()}
+        if isinstance(batch, list | tuple):
+            moved = [self.to_device(value) for value in batch]
+            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+        return batch
+
+
+def build_loaders(
+    datasets: tuple[Dataset, Dataset, Dataset], config: TrainConfig, rank: int, world_size: int, device: torch.device
+) -> Loaders:
+    """Wrap data.py's datasets in loaders that give this rank its share of each split."""
+    train_set, val_set, test_set = datasets
+    train_size = split_size(train_set, "train")
+    if config.global_batch_size > train_size:
+        raise DataError(
+            f"--global-batch-size {config.global_batch_size} is larger than the train set ({train_size} samples); "
+            "lower it, or add data"
+        )
+    train_sampler = GlobalBatchSampler(
+        train_size, config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed
+    )
+    if train_sampler.updates_per_epoch == 0:
+        raise DataError(
+            f"data.py: the train set has {train_size} samples, too few for one update split over "
+            f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
+        )
+    make_loader = functools.partial(
+        DataLoader,
+        collate_fn=_checked(getattr(data, "collate", default_collate)),
+        num_workers=config.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=config.num_workers > 0,
+    )
+
+    def eval_loader(dataset: Dataset, split: str) -> DataLoader:
+        sampler = EvalBatchSampler(split_size(dataset, split), config.eval_batch_size, rank, world_size)
+        return make_loader(dataset, batch_sampler=sampler)
+
+    return Loaders(
+        train=make_loader(train_set, batch_sampler=train_sampler),
+        train_sampler=train_sampler,
+        val=eval_loader(val_set, "val"),
+        test=eval_loader(test_set, "test"),
+        device=device,
+    )
+
+
+def _checked(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """data.py's collate, with its failures named: items of different shapes are the usual one."""
+
+    def collate_items(items: list[Any]) -> Any:
+        try:
+            return collate(items)
+        except Exception as error:
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DataError(
+                f"data.py: could not collate {len(items)} items into a batch ({message}); items of different "
+                "shapes (variable-length sequences) need a collate() in data.py that pads them"
+            ) from None
+
+    return collate_items
+
+
+def split_size(dataset: Dataset, split: str) -> int:
+    """Length of a split, with a clear error when data.py returned something unusable."""
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise DataError(f"data.py: the {split} dataset must be a map-style Dataset with a length") from None
+    if size == 0:
+        raise DataError(f"data.py: the {split} dataset is empty")
+    return size

@@ -1,0 +1,198 @@
+"""Two ranks train exactly like one rank with the same global batch (gloo on the CPU)."""
+
+import os
+import stat
+import sys
+
+import pytest
+from conftest import (
+    PROJECT_ROOT,
+    assert_same_metrics,
+    assert_same_weights,
+    edited_sources,
+    final_weights,
+    finish,
+    free_port,
+    metrics,
+    run_training,
+    sources_with_a_nan_training_sample,
+    start,
+    summary,
+    training_command,
+)
+
+from gan_ddp.config import TrainConfig
+from gan_ddp.data import build_datasets
+
+# --train-in-eval-mode: dropout (and batch norm) would draw differently on 1 and 2 ranks, so the runs
+# compared here train with those layers as in evaluation; every gradient and update is still exercised.
+EPOCHS = ["--epochs", "3", "--train-in-eval-mode"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same training on 1 rank, on 2 ranks, and on 2 ranks with 2 accumulation steps."""
+    root = tmp_path_factory.mktemp("runs")
+    run_training(root / "one", *EPOCHS)
+    run_training(root / "two", *EPOCHS, ranks=2)
+    run_training(root / "two_accum", *EPOCHS, "--grad-accum-steps", "2", ranks=2)
+    return root
+
+
+@pytest.mark.parametrize("variant", ["two", "two_accum"])
+def test_two_ranks_match_one_rank(runs, variant):
+    # The train set (1003 samples) does not divide by the global batch (64): the short last
+    # batch is split over ranks and micro-steps and must still give the same update.
+    assert_same_weights(final_weights(runs / "one"), final_weights(runs / variant), rtol=1e-4)
+    assert_same_metrics(metrics(runs / "one"), metrics(runs / variant), rel=1e-4)
+
+
+def test_evaluation_counts_every_sample_once(runs):
+    _, val_set, test_set = build_datasets(TrainConfig())
+    # With the template's data the split is odd (251), so one rank evaluates a padded sample.
+    for record in metrics(runs / "two"):
+        assert record["val_samples"] == len(val_set)
+    assert summary(runs / "two")["test_samples"] == len(test_set)
+    for name in [name for name in summary(runs / "one") if name.startswith("test_")]:
+        assert summary(runs / "two")[name] == pytest.approx(summary(runs / "one")[name], rel=1e-5)
+
+
+def test_resume_on_two_ranks_matches_an_uninterrupted_run(runs, tmp_path):
+    run_training(tmp_path, *EPOCHS, "--stop-after-epoch", "1", ranks=2)
+    run_training(tmp_path, *EPOCHS, "--resume", ranks=2)
+    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path))
+    assert metrics(runs / "two") == metrics(tmp_path)
+
+
+def test_resume_on_a_different_number_of_ranks(runs, tmp_path):
+    # Checkpoints hold full, unsharded states: a 2-rank run can continue on 1 rank.
+    run_training(tmp_path, *EPOCHS, "--stop-after-epoch", "1", ranks=2)
+    result = run_training(tmp_path, *EPOCHS, "--resume")
+    assert "written by 2 ranks" in result.stdout
+    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path), rtol=1e-4)
+
+
+def test_early_stopping_stops_every_rank_at_the_same_epoch(tmp_path):
+    result = run_training(tmp_path, "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", ranks=2)
+    assert result.returncode == 0
+    assert summary(tmp_path)["stopped_early"] is True
+    assert summary(tmp_path)["epochs_run"] == 2
+
+
+def test_a_nan_loss_stops_every_rank(tmp_path):
+    result = run_training(
+        tmp_path, "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2, expect_success=False
+    )
+    assert result.returncode != 0
+    assert "training loss is" in result.stdout
+
+
+def test_nan_policy_skip_drops_the_same_update_as_one_rank(tmp_path):
+    # One NaN training input makes one update's gradients NaN; every rank must skip that same update.
+    sources = sources_with_a_nan_training_sample(tmp_path)
+    flags = ("--epochs", "1", "--nan-policy", "skip", "--train-in-eval-mode")
+    run_training(tmp_path / "one", *flags, sources=sources)
+    run_training(tmp_path / "two", *flags, ranks=2, sources=sources)
+    assert metrics(tmp_path / "two")[0]["skipped_updates"] == 1
+    assert summary(tmp_path / "two")["steps"] == summary(tmp_path / "one")["steps"]
+    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"), rtol=1e-4)
+
+
+def fault_in_rank_1(tmp_path, at_item: int, fault: str):
+    """Sources whose training data runs `fault` in rank 1 at its `at_item`-th sample, on the first attempt only."""
+    wrapper = f"""
+
+class _FaultyDataset(torch.utils.data.Dataset):
+    def __init__(self, inner):
+        self.inner, self.items = inner, 0
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        self.items += 1
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if self.items == {at_item} and os.environ.get("RANK") == "1" and first_attempt:
+            {fault}
+        return self.inner[index]
+
+
+_build_datasets = build_datasets
+
+
+def build_datasets(config):
+    train_set, val_set, test_set = _build_datasets(config)
+    return _FaultyDataset(train_set), val_set, test_set
+"""
+    marker = "    return make_split(1003), make_split(251), make_split(257)\n"
+    sources = edited_sources(tmp_path, "data.py", marker, marker + wrapper)
+    data_file = sources / "gan_ddp" / "data.py"
+    data_file.write_text("import os\nimport signal\nimport time\n" + data_file.read_text())
+    return sources
+
+
+def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_path):
+    # Rank 1 dies by SIGKILL in epoch 3 (after ~1000 of its samples); torchrun restarts both ranks,
+    # which resume from the epoch-2 checkpoint.
+    sources = fault_in_rank_1(tmp_path, 1100, "os.kill(os.getpid(), signal.SIGKILL)")
+    torchrun = (
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts",
+        "1",
+    )
+    result = run_training(tmp_path / "run", *EPOCHS, sources=sources, launcher=torchrun)
+    assert "resumed from epoch 2" in result.stdout
+    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path / "run"))
+    assert metrics(runs / "two") == metrics(tmp_path / "run")
+
+
+def test_a_hung_rank_makes_the_others_fail_within_the_timeout(tmp_path):
+    sources = fault_in_rank_1(tmp_path, 300, "time.sleep(600)")
+    result = run_training(
+        tmp_path / "run", *EPOCHS, "--dist-timeout-s", "5", ranks=2, sources=sources, expect_success=False
+    )
+    assert result.returncode != 0
+    assert "a collective timed out" in result.stdout
+
+
+def test_two_nodes_train_like_one_node(runs, tmp_path):
+    # Two torchrun agents, one rank each, meet through the c10d rendezvous as two machines would.
+    rendezvous = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=test")
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rendezvous)
+    nodes = [start(training_command(tmp_path / "run", *EPOCHS, launcher=torchrun)) for _ in range(2)]
+    for node in nodes:
+        finish(node)
+    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path / "run"))
+
+
+def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
+    # Stand-ins for Slurm's commands: srun runs the command once, as on a one-node allocation.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"srun": 'exec "$@"', "scontrol": "echo localhost"}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    script = PROJECT_ROOT / "scripts" / "slurm.sbatch"
+    run_dir = tmp_path / "run"
+    environment = {
+        "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "1",
+        "SLURM_JOB_NAME": "test",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "localhost",
+        "GPUS_PER_NODE": "2",
+        "RDZV_PORT": str(free_port()),
+        "RUN_DIR": str(run_dir),
+    }
+    flags = ["--device", "cpu", "--no-progress", "--epochs", "2", "--stop-after-epoch", "1"]
+    finish(start(["bash", str(script), *flags], **environment))
+    assert (run_dir / "checkpoints" / "epoch-0001.pt").is_file()
+    # Run again, as a requeued job would: it resumes instead of refusing the existing run.
+    environment["RDZV_PORT"] = str(free_port())
+    result = finish(start(["bash", str(script), *flags[:-2]], **environment))
+    assert "resumed from epoch 1" in result.stdout
+    assert summary(run_dir)["epochs_run"] == 2
