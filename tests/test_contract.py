@@ -10,11 +10,15 @@ about (a naive variant that must fail it).
 
 import json
 import math
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, relative_difference, looptpl, train_torch, trained_weights
+import torch
+from conftest import REPO_ROOT, answers, looptpl, relative_difference, run, train_torch, trained_weights
 
 LM = REPO_ROOT / "examples" / "torch-charlm-ddp"
 GAN = REPO_ROOT / "examples" / "torch-gan-ddp"
@@ -38,6 +42,14 @@ def edit(project: Path, file: str, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{file} no longer holds {old!r}"
     path.write_text(text.replace(old, new))
+
+
+def run_failing(project: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    """One training process that must fail; returns its output."""
+    module = ["-m", f"{answers(project)['package_name']}.train", "--run-dir", str(run_dir), "--device", "cpu"]
+    result = run([sys.executable, *module, "--no-progress", *flags], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    assert result.returncode != 0, result.stdout[-3000:]
+    return result
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -113,3 +125,81 @@ def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_pat
         {**record, "epoch_time_s": records(tmp_path / "straight")[index]["epoch_time_s"]}
         for index, record in enumerate(records(tmp_path / "resumed"))
     ]
+
+
+def doc_blocks(section: str) -> dict[str, str]:
+    """The ```python title="FILE" blocks of a section of docs/todos.md, by file: the code a user copies."""
+    text = (REPO_ROOT / "docs" / "todos.md").read_text()
+    body = text.split(f"\n### {section}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return dict(re.findall(r'```python title="([\w.]+)"\n(.*?)```', body, flags=re.DOTALL))
+
+
+def write_blocks(project: Path, blocks: dict[str, str], append: tuple[str, ...] = ()) -> None:
+    """Replace the project's user files with the blocks (or append to them, for those in `append`)."""
+    package = project / "src" / answers(project)["package_name"]
+    for name, code in blocks.items():
+        path = package / name
+        path.write_text((path.read_text() + "\n\n" if name in append else "") + code)
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory) -> Path:
+    """A ddp project filled with the dict-batch, two-input, F1 example of docs/todos.md."""
+    project = tmp_path_factory.mktemp("tabular") / "tab"
+    result = looptpl("new", str(project), "--backend", "torch", "--strategy", "ddp", "--no-git")
+    assert result.exit_code == 0, result.stderr
+    write_blocks(project, doc_blocks("Dict batches, two inputs, F1"))
+    return project
+
+
+def test_dict_batches_with_two_inputs_train(tabular, tmp_path):
+    train_torch(tabular, tmp_path, "--epochs", "3")
+    logged = records(tmp_path)
+    assert logged[-1]["train_loss"] < logged[0]["train_loss"] and logged[-1]["val_loss"] < logged[0]["val_loss"]
+    assert logged[-1]["val_f1"] > 0.5 and logged[-1]["val_ids_in_order"] == 1.0
+
+
+def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
+    # --lr 0 keeps the weights equal, so the two runs must give the same predictions; the split
+    # (251) is odd, so the ranks' shards differ in size and one rank runs a padding batch.
+    flags = ("--epochs", "1", "--lr", "0", "--eval-batch-size", "16")
+    train_torch(tabular, tmp_path / "one", *flags)
+    train_torch(tabular, tmp_path / "two", *flags, ranks=2)
+    one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
+    assert two["val_f1"] == one["val_f1"] and two["val_ids_in_order"] == one["val_ids_in_order"] == 1.0
+    assert two["val_samples"] == 251
+
+
+def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_path):
+    train_torch(tabular, tmp_path / "teacher", "--epochs", "3")
+    student = copy_project(tabular, tmp_path / "student")
+    write_blocks(student, doc_blocks("Distillation"), append=("model.py",))
+    edit(student, "optim.py", "AdamW(model.parameters()", 'AdamW(model["student"].parameters()')
+    teacher = tmp_path / "teacher" / "checkpoints" / "best.pt"
+    train_torch(student, tmp_path / "run", "--epochs", "3", "--teacher", str(teacher))
+    checkpoint = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("epoch-*.pt"))[-1], weights_only=True)
+    assert checkpoint["model"] and all(name.startswith("student.") for name in checkpoint["model"])
+    assert all(name.startswith("student.") for name in checkpoint["optimizer"]["state"])
+    logged = records(tmp_path / "run")
+    assert logged[-1]["val_agreement"] > max(0.5, logged[0]["val_agreement"])  # it learns the teacher (3 classes)
+
+    missing = run_failing(student, tmp_path / "missing", "--teacher", str(tmp_path / "nope.pt"))
+    assert "cannot read frozen weights" in missing.stdout and "Traceback" not in missing.stdout
+
+
+@pytest.mark.parametrize("gather", ["with-grad", "local-only"])
+def test_a_contrastive_loss_over_every_rank_trains_like_one_rank(tabular, tmp_path, gather):
+    project = copy_project(tabular, tmp_path / "contrastive")
+    blocks = doc_blocks("Contrastive")
+    write_blocks(project, {"step.py": blocks["step.py"], "metrics.py": blocks["metrics.py"]})
+    write_blocks(project, {"data.py": blocks["data.py"], "model.py": blocks["model.py"]}, append=("data.py", "model.py"))
+    if gather == "local-only":  # the naive version: each rank's negatives are its own samples only
+        edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
+    flags = ("--epochs", "2", "--global-batch-size", "32")
+    train_torch(project, tmp_path / "one", *flags)
+    train_torch(project, tmp_path / "two", *flags, ranks=2)
+    difference = relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two"))
+    if gather == "with-grad":
+        assert difference < LM_TOLERANCE
+    else:
+        assert difference > 10 * LM_TOLERANCE

@@ -8,17 +8,18 @@ from typing import Any
 from torch import nn
 
 from .collect import Gather, Mean, evaluation
+from .config import TrainConfig
 from .loss import per_token_loss
 from .metrics import batch_metrics
 
 
-def train_step(model: nn.Module, batch: Any) -> Mean:
+def train_step(model: nn.Module, batch: Any, config: TrainConfig) -> Mean:
     """The mean loss over the real tokens of the micro-batch, which the engine extends to the global batch."""
     losses, mask = per_token_loss(model(batch["input_ids"]), batch["labels"])
     return Mean(losses, weights=mask, per="token")
 
 
-def eval_step(model: nn.Module, batch: Any) -> dict[str, Mean | Gather]:
+def eval_step(model: nn.Module, batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:
     """The loss and metrics of one evaluation batch; logged as val_<name> and test_<name>."""
     logits = model(batch["input_ids"])
     losses, mask = per_token_loss(logits, batch["labels"])

@@ -11,9 +11,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from .collect import Gather, Mean
+from .config import TrainConfig
 
 
-def train_step(models: dict[str, nn.Module], batch: Any) -> Iterator[tuple[str, Mean]]:
+def train_step(models: dict[str, nn.Module], batch: Any, config: TrainConfig) -> Iterator[tuple[str, Mean]]:
     """Yield the discriminator's loss, then the generator's: the engine steps each optimizer in between.
 
     Each loss is computed inside its own stage: the generator's sees the discriminator just updated.
@@ -38,7 +39,7 @@ def train_step(models: dict[str, nn.Module], batch: Any) -> Iterator[tuple[str, 
     yield "generator", Mean(F.binary_cross_entropy_with_logits(scores, torch.ones_like(scores), reduction="none"))
 
 
-def eval_step(models: dict[str, nn.Module], batch: Any) -> dict[str, Mean | Gather]:
+def eval_step(models: dict[str, nn.Module], batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:
     """Draw one image of each requested digit; the judge names the digit it sees in it."""
     drawn = models["generator"](batch["noise"], batch["label"])
     named = models["judge"](drawn)

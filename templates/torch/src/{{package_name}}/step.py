@@ -15,14 +15,16 @@ from typing import Any
 from torch import nn
 
 from .collect import Gather, Mean, evaluation
+from .config import TrainConfig
 from .loss import per_sample_loss
 from .metrics import batch_metrics
 
 
-def train_step(model: nn.Module, batch: Any) -> Mean:
+def train_step(model: nn.Module, batch: Any, config: TrainConfig) -> Mean:
     """The loss of one micro-batch on this rank, as a `Mean` of per-sample (or per-token) values.
 
-    `model` is what model.py built (wrapped for the strategy). With several optimizers (optim.py
+    `model` is what model.py built (wrapped for the strategy); `config` holds every flag, yours
+    from settings.py too. With several optimizers (optim.py
     returns a dict), make this a generator that yields `name, Mean(...)` once per optimizer, in
     the dict's order: the engine steps that optimizer before resuming the generator.
     """
@@ -31,7 +33,7 @@ def train_step(model: nn.Module, batch: Any) -> Mean:
     return Mean(per_sample_loss(model(inputs), targets))
 
 
-def eval_step(model: nn.Module, batch: Any) -> dict[str, Mean | Gather]:
+def eval_step(model: nn.Module, batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:
     """The loss and metrics of one evaluation batch; logged as val_<name> and test_<name>."""
     inputs, targets = batch
     outputs = model(inputs)
