@@ -95,3 +95,9 @@ def relative_difference(left: dict, right: dict) -> float:
     difference = sum(float(((left[name] - right[name]).double() ** 2).sum()) for name in left)
     size = sum(float((left[name].double() ** 2).sum()) for name in left)
     return math.sqrt(difference / max(size, 1e-30))
+
+
+def user_files(package: Path) -> set[str]:
+    """The file names in a generated package that are the user's: copier.yml's _skip_if_exists, as rendered there."""
+    listed = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())["_skip_if_exists"]
+    return {Path(entry).name for entry in listed if (package / Path(entry).name).is_file()}

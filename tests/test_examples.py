@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, answers, looptpl, run
+from conftest import REPO_ROOT, answers, looptpl, run, user_files
 
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
-EXAMPLES = [pytest.param(DIGITS, id="torch-digits-ddp"), pytest.param(TF_DIGITS, id="tf-digits-mirrored")]
+EXAMPLES = [
+    pytest.param(REPO_ROOT / "examples" / name, id=name)
+    for name in ("torch-digits-ddp", "tf-digits-mirrored", "torch-charlm-ddp", "torch-gan-ddp")
+]
 
 needs_sklearn = pytest.mark.skipif(
     importlib.util.find_spec("sklearn") is None,
@@ -75,24 +78,21 @@ def test_tf_digits_example_trains_alike_on_one_and_two_replicas(tmp_path):
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_digits_example_has_no_todos_left(example):
+def test_example_has_no_todos_left(example):
     result = looptpl("todo", str(example))
     assert result.exit_code == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_digits_example_is_lint_clean(example):
+def test_example_is_lint_clean(example):
     # Each example has its own ruff settings (its pyproject.toml); the repository's config excludes it.
     for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         result = run([sys.executable, "-m", *command], cwd=example, timeout=120)
         assert result.returncode == 0, result.stdout
 
 
-USER_FILES = {"data.py", "model.py", "loss.py", "metrics.py", "optim.py"}
-
-
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_digits_example_runs_the_current_engine(example, tmp_path):
+def test_example_runs_the_current_engine(example, tmp_path):
     # An example shows today's template: its template-owned files equal a fresh render of its answers.
     # After a template change, refresh them with `looptpl update` in a copy, or copy them from a fresh render.
     recorded = answers(example)
@@ -105,7 +105,9 @@ def test_digits_example_runs_the_current_engine(example, tmp_path):
     assert result.exit_code == 0, result.stderr
     package = Path("src") / recorded["package_name"]
     engine_files = [
-        path for path in (fresh / package).iterdir() if path.suffix == ".py" and path.name not in USER_FILES
+        path
+        for path in (fresh / package).iterdir()
+        if path.suffix == ".py" and path.name not in user_files(fresh / package)
     ]
     stale = [path.name for path in engine_files if (example / package / path.name).read_bytes() != path.read_bytes()]
     assert not stale, f"{example.name}: engine files differ from the template: {stale}"

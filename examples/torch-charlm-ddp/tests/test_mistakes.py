@@ -60,7 +60,7 @@ def test_a_wrong_input_shape_names_the_file_to_fix(tmp_path):
         ("loss.py", 'reduction="none")', 'reduction="mean")', "Mean() takes one value per sample"),
         ("loss.py", 'reduction="none")', 'reduction="none").detach()', "loss from train_step has no gradient"),
         ("loss.py", 'reduction="none")', 'reduction="none").sum().item()', "Mean() takes one value per sample"),
-        ("metrics.py", '.float())}', '.float()), "f1": None}', "returned 'f1' as None; return a Mean or a Gather"),
+        ("metrics.py", ".float())}", '.float()), "f1": None}', "returned 'f1' as None; return a Mean or a Gather"),
         ("metrics.py", '{"accuracy":', '{"loss":', "metrics.py returns a metric named 'loss'"),
     ],
     ids=["averaged-loss", "detached-loss", "float-loss", "none-metric", "metric-named-loss"],
@@ -78,7 +78,8 @@ def test_an_out_of_range_label_deep_in_the_data_names_the_file(tmp_path):
         tmp_path,
         "data.py",
         "    return make_split(1003), make_split(251), make_split(257)",
-        "    train = make_split(1003)\n    train.tensors[1][500] = 7\n    return train, make_split(251), make_split(257)",
+        "    train = make_split(1003)\n    train.tensors[1][500] = 7\n"
+        "    return train, make_split(251), make_split(257)",
     )
     result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
     assert result.returncode == 1
@@ -109,7 +110,8 @@ def test_nan_test_data_fails_the_run_but_keeps_its_results(tmp_path):
         tmp_path,
         "data.py",
         "    return make_split(1003), make_split(251), make_split(257)",
-        "    test = make_split(257)\n    test.tensors[0][3, 0] = float('nan')\n    return make_split(1003), make_split(251), test",
+        "    test = make_split(257)\n    test.tensors[0][3, 0] = float('nan')\n"
+        "    return make_split(1003), make_split(251), test",
     )
     result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
     assert result.returncode == 1
@@ -122,7 +124,8 @@ def test_nan_validation_data_is_not_blamed_on_the_learning_rate(tmp_path):
         tmp_path,
         "data.py",
         "    return make_split(1003), make_split(251), make_split(257)",
-        "    val = make_split(251)\n    val.tensors[0][3, 0] = float('nan')\n    return make_split(1003), val, make_split(257)",
+        "    val = make_split(251)\n    val.tensors[0][3, 0] = float('nan')\n"
+        "    return make_split(1003), val, make_split(257)",
     )
     result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
     assert result.returncode == 1

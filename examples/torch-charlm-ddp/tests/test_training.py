@@ -1,18 +1,16 @@
-"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping, NaN and bad input."""
+"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping and NaN."""
 
 import importlib.util
 import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
-    edited_sources,
     final_weights,
     metrics,
     run_training,
@@ -22,7 +20,6 @@ from conftest import (
 
 from charlm_ddp.config import TrainConfig
 from charlm_ddp.data import build_datasets
-from charlm_ddp.errors import ConfigError
 
 ENVIRONMENT = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
 
@@ -74,7 +71,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     flags = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
     run_training(tmp_path / "one", *flags)
     run_training(tmp_path / "accum", *flags, "--grad-accum-steps", "4")
-    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "accum"), rtol=1e-4)
+    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "accum"), rtol=1e-5)
     assert_same_metrics(metrics(tmp_path / "one"), metrics(tmp_path / "accum"), rel=1e-4)
 
 

@@ -1,27 +1,25 @@
-"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping, NaN and bad input."""
+"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping and NaN."""
 
 import importlib.util
 import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
-    edited_sources,
     final_weights,
     metrics,
     run_training,
+    sources_with_a_nan_training_sample,
     summary,
 )
 
 from digits_ddp.config import TrainConfig
 from digits_ddp.data import build_datasets
-from digits_ddp.errors import ConfigError
 
 ENVIRONMENT = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
 
@@ -69,9 +67,11 @@ def test_mixed_precision_trains(tmp_path, precision):
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     # The train set does not divide by 64, so the short last batch is split over micro-steps too.
-    run_training(tmp_path / "one", "--epochs", "2", "--global-batch-size", "64")
-    run_training(tmp_path / "accum", "--epochs", "2", "--global-batch-size", "64", "--grad-accum-steps", "4")
-    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "accum"), atol=1e-5)
+    # --train-in-eval-mode: dropout would draw different masks for differently split batches.
+    flags = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
+    run_training(tmp_path / "one", *flags)
+    run_training(tmp_path / "accum", *flags, "--grad-accum-steps", "4")
+    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "accum"), rtol=1e-5)
     assert_same_metrics(metrics(tmp_path / "one"), metrics(tmp_path / "accum"), rel=1e-4)
 
 
@@ -100,6 +100,32 @@ def test_a_nan_loss_stops_the_run_with_a_message(tmp_path):
     assert not list((tmp_path / "checkpoints").glob("*.pt"))
 
 
+def test_nan_policy_skip_drops_only_the_bad_updates(tmp_path):
+    sources = sources_with_a_nan_training_sample(tmp_path)
+    run_training(tmp_path / "run", "--epochs", "2", "--nan-policy", "skip", sources=sources)
+    records = metrics(tmp_path / "run")
+    assert [record["skipped_updates"] for record in records] == [1, 1]
+    assert all(math.isfinite(record["train_loss"]) and math.isfinite(record["val_loss"]) for record in records)
+    updates_per_epoch = math.ceil(1003 / 64)
+    assert summary(tmp_path / "run")["steps"] == 2 * (updates_per_epoch - 1)
+
+    stopped = run_training(tmp_path / "stopped", "--epochs", "2", sources=sources, expect_success=False)
+    assert stopped.returncode == 1
+    assert "training loss is nan" in stopped.stdout
+
+
+def test_nan_policy_skip_still_stops_a_diverged_run(tmp_path):
+    result = run_training(
+        tmp_path,
+        *("--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0"),
+        *("--nan-policy", "skip", "--max-consecutive-skips", "3"),
+        expect_success=False,
+    )
+    assert result.returncode == 1
+    assert "NaN/inf for 4 updates in a row" in result.stdout
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
 def test_bad_batch_split_is_refused(tmp_path):
     result = run_training(tmp_path, "--global-batch-size", "63", "--grad-accum-steps", "2", expect_success=False)
     assert result.returncode != 0
@@ -114,13 +140,6 @@ def test_a_finished_run_is_not_overwritten(tmp_path):
     assert_same_weights(before, final_weights(tmp_path))
 
 
-def test_config_rejects_out_of_range_values():
-    with pytest.raises(ConfigError, match="--epochs must be at least 1"):
-        TrainConfig(epochs=0).validate()
-    with pytest.raises(ConfigError, match="--lr must not be negative"):
-        TrainConfig(lr=-1.0).validate()
-
-
 def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path):
     run_training(tmp_path / "straight", "--epochs", "3")
     run_training(tmp_path / "crashed", "--epochs", "3", "--stop-after-epoch", "2")
@@ -132,26 +151,6 @@ def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path):
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed"))
 
 
-def test_a_wrong_input_shape_names_the_file_to_fix(tmp_path):
-    sources = edited_sources(
-        tmp_path,
-        "data.py",
-        "TensorDataset(images[rows], labels[rows])",
-        "TensorDataset(images[rows, :, 1:], labels[rows])",
-    )
-    result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
-    assert result.returncode == 1
-    assert "model.py failed on a batch from data.py (inputs [2, 1, 7, 8] float32, targets [2] int64)" in result.stdout
-    assert "Traceback" not in result.stdout
-
-
-def test_a_batch_averaged_loss_names_the_file_to_fix(tmp_path):
-    sources = edited_sources(tmp_path, "loss.py", 'reduction="none")', 'reduction="mean")')
-    result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
-    assert result.returncode == 1
-    assert "loss.py must return one value per sample, shape [2], got []" in result.stdout
-
-
 def test_resuming_with_a_changed_learning_rate_is_refused(tmp_path):
     run_training(tmp_path, "--epochs", "2", "--stop-after-epoch", "1")
     result = run_training(tmp_path, "--epochs", "2", "--resume", "--lr", "1e-5", expect_success=False)
@@ -161,23 +160,7 @@ def test_resuming_with_a_changed_learning_rate_is_refused(tmp_path):
 
 def test_resuming_with_a_different_model_is_refused(tmp_path):
     run_training(tmp_path / "run", "--epochs", "2", "--stop-after-epoch", "1")
-    sources = edited_sources(
-        tmp_path, "model.py", "nn.Linear(128, NUM_CLASSES)", "nn.Linear(128, 128), nn.Linear(128, NUM_CLASSES)"
-    )
-    result = run_training(tmp_path / "run", "--epochs", "2", "--resume", sources=sources, expect_success=False)
+    # A setting of settings.py that changes the network's shape.
+    result = run_training(tmp_path / "run", "--epochs", "2", "--resume", "--hidden-size", "32", expect_success=False)
     assert result.returncode == 1
     assert "does not fit the model and optimizer built by model.py" in result.stdout
-
-
-def test_an_unwritable_run_dir_fails_before_training(tmp_path):
-    (tmp_path / "a-file").write_text("")
-    result = run_training(tmp_path / "a-file" / "run", "--epochs", "1", expect_success=False)
-    assert result.returncode == 2
-    assert "cannot write to --run-dir" in result.stdout
-    assert "epoch 1" not in result.stdout
-
-
-def test_an_unknown_flag_is_refused():
-    result = run_training(Path("unused"), "--epoch", "3", expect_success=False)
-    assert result.returncode == 2
-    assert "unrecognized arguments: --epoch" in result.stdout

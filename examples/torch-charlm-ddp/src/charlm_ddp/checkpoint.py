@@ -59,7 +59,12 @@ class Checkpointer:
         self.keep = keep
 
     def save(
-        self, model: nn.Module, optimizers: list[torch.optim.Optimizer], state: dict[str, Any], epoch: int, is_best: bool
+        self,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        state: dict[str, Any],
+        epoch: int,
+        is_best: bool,
     ) -> None:
         """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
         model_state, optimizer_state = get_state_dict(model, optimizers, options=FULL_ON_RANK0)

@@ -109,7 +109,9 @@ class TrainConfig(Settings):
             raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
         cpus = os.cpu_count() or 1
         if self.num_workers > 8 * cpus:
-            raise ConfigError(f"--num-workers {self.num_workers} is far more than this machine's {cpus} CPUs; use at most {cpus}")
+            raise ConfigError(
+                f"--num-workers {self.num_workers} is far more than this machine's {cpus} CPUs; use at most {cpus}"
+            )
         if self.dist_timeout_s > 7 * 24 * 3600:
             raise ConfigError(f"--dist-timeout-s must be at most a week (604800), got {self.dist_timeout_s}")
         if self.nan_policy == "skip" and self.precision == "fp16":

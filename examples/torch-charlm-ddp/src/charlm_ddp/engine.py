@@ -52,7 +52,9 @@ class Trainer:
         compiled = {name: torch.compile(model) if config.compile else model for name, model in self.wrapped.items()}
         # step.py receives what model.py built: one module, or the dict of them.
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
-        optimizers = build_optimizer(self.wrapped["model"] if not isinstance(built, dict) else self.wrapped, config)
+        # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
+        trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
+        optimizers = build_optimizer(trained_view, config)
         total_updates = self.train_sampler.updates_per_epoch * config.epochs
         schedulers = build_scheduler(optimizers, config, total_updates)
         self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
@@ -120,7 +122,7 @@ class Trainer:
 
     def _losses(self, batch: Any) -> Iterator[tuple[str, Mean]]:
         """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
-        result = train_step(self.models, batch)
+        result = train_step(self.models, batch, self.config)
         if isinstance(result, Iterator):
             yield from result
         else:
@@ -167,9 +169,8 @@ class Trainer:
                 self.progress.update(update + 1, (update + 1) * self.config.global_batch_size, loss)
                 window.zero_()
         self.progress.finish()
-        totals = distributed.all_reduce_sum(epoch_totals).tolist()
         result: dict[str, float] = {}
-        for stage, (total, weight) in zip(self.stages, totals, strict=True):
+        for stage, (total, weight) in zip(self.stages, distributed.all_reduce_sum(epoch_totals).tolist(), strict=True):
             result[self._loss_name("train", stage)] = total / weight if weight else math.nan
         if self.stages[0].nan_guard.skips_updates:
             result["skipped_updates"] = skipped
@@ -182,7 +183,7 @@ class Trainer:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         self.set_training(False)
         loader = self.loaders.val if split == "val" else self.loaders.test
-        return evaluate_split(split, loader, self.models, self.loaders.next_batch, self.autocast)
+        return evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides weights and optimizers that a resumed run needs."""

@@ -55,6 +55,11 @@ def user_code_error(error: Exception, doing: str) -> RunError:
     text = str(error).strip()
     if isinstance(error, RunError) and "\n" in text:  # a DataLoader worker's error, with its traceback
         return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1])
+    if "Expected to have finished reduction in the prior iteration" in text:  # DistributedDataParallel's check
+        return StepError(
+            "some trainable weights got no gradient in the last update (a head or layer the loss does not use); DDP "
+            "needs every trained weight in every update: freeze unused ones with requires_grad_(False) in model.py"
+        )
     if type(error).__name__ == "OutOfMemoryError":
         return StepError(f"out of memory {doing}; lower --global-batch-size or raise --grad-accum-steps")
     package = Path(__file__).parent

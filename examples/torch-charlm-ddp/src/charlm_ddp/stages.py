@@ -10,6 +10,7 @@ networks neither compute nor synchronize gradients they would not use.
 
 import contextlib
 import math
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -88,14 +89,15 @@ def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
 
 def split_models(built: object) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
     """model.py's network(s) by name, split into those with trainable weights and frozen ones."""
-    named = built if isinstance(built, dict) else {"model": built}
+    named: dict[str, object] = built if isinstance(built, dict) else {"model": built}
     for name, module in named.items():
         if not isinstance(module, nn.Module):
             raise DataError(f"model.py: build_model must return an nn.Module or a dict of them; {name!r} is {module!r}")
-    trained = {name: module for name, module in named.items() if any(p.requires_grad for p in module.parameters())}
+    modules = typing.cast(dict[str, nn.Module], named)
+    trained = {name: module for name, module in modules.items() if any(p.requires_grad for p in module.parameters())}
     if not trained:
         raise DataError("model.py: build_model returned no trainable weight (every parameter has requires_grad=False)")
-    return trained, {name: module for name, module in named.items() if name not in trained}
+    return trained, {name: module for name, module in modules.items() if name not in trained}
 
 
 def build_stages(
@@ -105,11 +107,16 @@ def build_stages(
     optimizers = optimizers if isinstance(optimizers, dict) else {"model": optimizers}
     schedulers = schedulers if isinstance(schedulers, dict) else {"model": schedulers}
     if list(schedulers) != list(optimizers):
-        raise DataError(f"optim.py: build_scheduler returned schedules for {list(schedulers)}, the optimizers are {list(optimizers)}")
+        raise DataError(
+            f"optim.py: build_scheduler returned schedules for {list(schedulers)}; "
+            f"the optimizers are {list(optimizers)}"
+        )
     stages = []
     for name, optimizer in optimizers.items():
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise DataError(f"optim.py: build_optimizer must return an optimizer or a dict of them; {name!r} is {optimizer!r}")
+            raise DataError(
+                f"optim.py: build_optimizer must return an optimizer or a dict of them; {name!r} is {optimizer!r}"
+            )
         owned = {id(param) for group in optimizer.param_groups for param in group["params"]}
         models = [model for model in wrapped.values() if any(id(param) in owned for param in model.parameters())]
         scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")

@@ -61,7 +61,7 @@ class NonFiniteGuard:
         self.consecutive = 0
         self.skipped_this_epoch = 0
 
-    def allow_update(self, gradients_finite: bool, epoch: int, step: int) -> bool:
+    def allow_update(self, gradients_finite: bool, where: str) -> bool:
         """Return whether the update may go ahead; raise when the run should stop instead."""
         if gradients_finite:
             self.consecutive = 0
@@ -70,11 +70,11 @@ class NonFiniteGuard:
         self.skipped_this_epoch += 1
         if self.consecutive > self.max_consecutive_skips:
             raise TrainingError(
-                f"the gradients were NaN/inf for {self.consecutive} updates in a row (epoch {epoch + 1}, step {step}); "
+                f"the gradients were NaN/inf for {self.consecutive} updates in a row ({where}); "
                 "the weights have diverged: lower --lr, check your data for NaN/inf, or use --precision fp32"
             )
         if self.announce:
-            print(f"warning: NaN/inf gradients at epoch {epoch + 1}, step {step}: update skipped", flush=True)
+            print(f"warning: NaN/inf gradients at {where}: update skipped", flush=True)
         return False
 
 

@@ -59,10 +59,15 @@ class Checkpointer:
         self.keep = keep
 
     def save(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], epoch: int, is_best: bool
+        self,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        state: dict[str, Any],
+        epoch: int,
+        is_best: bool,
     ) -> None:
         """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
-        model_state, optimizer_state = get_state_dict(model, optimizer, options=FULL_ON_RANK0)
+        model_state, optimizer_state = get_state_dict(model, optimizers, options=FULL_ON_RANK0)
         gathered = {name: distributed.all_gather(value) for name, value in rng_state(self.runtime).items()}
         rng_states = [
             {name: values[rank] for name, values in gathered.items()} for rank in range(self.runtime.world_size)
@@ -98,8 +103,8 @@ class Checkpointer:
         free = shutil.disk_usage(self.directory.parent).free if self.runtime.is_main else needed
         if distributed.agree(free < needed):
             raise CheckpointError(
-                f"{self.directory.parent} has {free / 2**20:.0f} MiB free, checkpoints need about "
-                f"{needed / 2**20:.0f} MiB; free some space or lower --keep-checkpoints"
+                f"{self.directory.parent} has {_size(free)} free, checkpoints need about {_size(needed)}; "
+                "free some space or lower --keep-checkpoints"
             )
 
     def epoch_files(self) -> list[Path]:
@@ -122,21 +127,20 @@ class Checkpointer:
         return torch.load(path, map_location="cpu", weights_only=True)
 
     def restore(
-        self, path: Path, checkpoint: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+        self, path: Path, checkpoint: dict[str, Any], model: nn.Module, optimizers: list[torch.optim.Optimizer]
     ) -> None:
-        """Load weights, optimizer state and this rank's RNG state from a checkpoint."""
+        """Load weights, optimizer states and this rank's RNG state from a checkpoint."""
         try:
             set_state_dict(
                 model,
-                optimizer,
+                optimizers,
                 model_state_dict=checkpoint["model"],
                 optim_state_dict=checkpoint["optimizer"],
                 options=FULL,
             )
         except (RuntimeError, KeyError, ValueError) as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CheckpointError(
-                f"{path} does not fit the model and optimizer built by model.py and optim.py ({first_line}); "
+                f"{path} does not fit the model and optimizer built by model.py and optim.py ({_first_line(error)}); "
                 "resume with the code that wrote it, or start a new --run-dir"
             ) from None
         if checkpoint["world_size"] == self.runtime.world_size:
@@ -148,9 +152,51 @@ class Checkpointer:
                 flush=True,
             )
 
-    def load_weights(self, path: Path, model: nn.Module) -> None:
-        """Load only the model weights (for the final test)."""
-        set_model_state_dict(model, self.read(path)["model"], options=FULL)
+    def load_best(self, model: nn.Module, best_epoch: int) -> str:
+        """Load the best epoch's weights for the final test; which weights were loaded, in words.
+
+        A missing or unreadable best.pt leaves the last weights in place, with a warning: the
+        run's results are kept either way.
+        """
+        path = self.directory / "best.pt"
+        try:
+            set_model_state_dict(model, self.read(path)["model"], options=FULL)
+        except Exception as error:
+            if self.runtime.is_main:
+                print(f"warning: cannot load {path} ({_first_line(error)}); testing the last weights", flush=True)
+            return "last (best.pt unreadable)"
+        return f"best (epoch {best_epoch})"
+
+
+def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:
+    """Load weights from `path` into `model` and freeze it: for a model that only predicts (a teacher).
+
+    Accepts a plain state dict, or a checkpoint of a project like this one with one network (its
+    "model" entry): a teacher trained by another run, say.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as error:
+        raise CheckpointError(f"cannot read frozen weights {path} ({_first_line(error)}); check the path") from None
+    state = state.get("model", state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise CheckpointError(f"{path} does not fit the frozen model ({_first_line(error)})") from None
+    return model.requires_grad_(False).eval()
+
+
+def _size(count: int) -> str:
+    """A byte count in words: 512 bytes, 3.2 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _atomic_save(payload: dict[str, Any], path: Path) -> None:

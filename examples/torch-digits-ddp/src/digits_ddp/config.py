@@ -1,22 +1,25 @@
 """Run configuration: one typed dataclass, its command line, and its checks.
 
-Managed by the looptpl template: put your own code in model.py, data.py, loss.py, metrics.py
-and optim.py.
+Managed by the looptpl template: put your own settings in settings.py.
 """
 
 import argparse
 import dataclasses
+import math
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
+from .settings import DEFAULTS, Settings
 
 
 @dataclass
-class TrainConfig:
-    """Every setting of a run. Each field is a command-line flag: `global_batch_size` is
-    `--global-batch-size`, and a boolean `progress` is switched off with `--no-progress`."""
+class TrainConfig(Settings):
+    """Every setting of a run: yours from settings.py, then the template's. Each field is a
+    command-line flag: `global_batch_size` is `--global-batch-size`, and a boolean `progress` is
+    switched off with `--no-progress`."""
 
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
     global_batch_size: int = field(
@@ -47,6 +50,13 @@ class TrainConfig:
         default="fp32", metadata={"help": "Autocast precision; fp16 adds dynamic loss scaling."}
     )
     compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    train_in_eval_mode: bool = field(
+        default=False,
+        metadata={
+            "help": "Train with the model in eval mode (no dropout, batch norm on running statistics): the tests "
+            "that compare runs over different numbers of ranks use it to make them exactly comparable."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed for weights, shuffling and augmentation."})
     run_dir: str = field(
         default="runs", metadata={"help": "Directory for the config, metrics, checkpoints and summary."}
@@ -82,37 +92,33 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Reject values that cannot work, naming the flag."""
-        positive = [
-            "epochs",
-            "global_batch_size",
-            "grad_accum_steps",
-            "eval_batch_size",
-            "log_every",
-            "max_consecutive_skips",
-        ]
-        positive.append("dist_timeout_s")
+        positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
+        positive += ["max_consecutive_skips", "keep_checkpoints", "dist_timeout_s"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
-        non_negative = [
-            "lr",
-            "weight_decay",
-            "warmup_steps",
-            "max_grad_norm",
-            "num_workers",
-            "early_stop_patience",
-            "stop_after_epoch",
-        ]
+        non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "num_workers", "early_stop_patience"]
+        non_negative.append("stop_after_epoch")
         for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{flag(name)} must be a finite number, got {value}")
+            if value < 0:
+                raise ConfigError(f"--{flag(name)} must not be negative, got {value}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
+        cpus = os.cpu_count() or 1
+        if self.num_workers > 8 * cpus:
+            raise ConfigError(
+                f"--num-workers {self.num_workers} is far more than this machine's {cpus} CPUs; use at most {cpus}"
+            )
+        if self.dist_timeout_s > 7 * 24 * 3600:
+            raise ConfigError(f"--dist-timeout-s must be at most a week (604800), got {self.dist_timeout_s}")
         if self.nan_policy == "skip" and self.precision == "fp16":
             raise ConfigError(
                 "--nan-policy skip does not combine with --precision fp16, whose loss scaler already skips updates "
                 "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
             )
-        if self.keep_checkpoints < 1:
-            raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
 
     def check_batch_split(self, world_size: int) -> int:
         """Return the per-rank micro-batch size, or explain why the global batch does not split."""
@@ -149,24 +155,50 @@ def flag(name: str) -> str:
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Build the config from the command line (every field is a flag) and validate it."""
+    """Build the config from the command line (every field is a flag) and validate it.
+
+    settings.py's DEFAULTS replace the template's defaults; a flag given on the command line wins.
+    """
     parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
     types = typing.get_type_hints(TrainConfig)
+    template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
+    clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
+    if clashes:
+        parser.error(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it in Settings")
+    unknown = [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]
+    if unknown:
+        parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
     for item in dataclasses.fields(TrainConfig):
-        kind, help_text = types[item.name], item.metadata["help"]
+        kind, help_text = types[item.name], item.metadata.get("help", "")
+        default = DEFAULTS.get(item.name, item.default)
+        if item.name in DEFAULTS and item.name in template_fields:
+            help_text += " (settings.py sets the default)"
         if kind is bool:
             parser.add_argument(
-                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=item.default, help=help_text
+                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=default, help=help_text
             )
         elif typing.get_origin(kind) is Literal:
-            parser.add_argument(
-                f"--{flag(item.name)}", choices=typing.get_args(kind), default=item.default, help=help_text
-            )
+            parser.add_argument(f"--{flag(item.name)}", choices=typing.get_args(kind), default=default, help=help_text)
         else:
-            parser.add_argument(f"--{flag(item.name)}", type=kind, default=item.default, help=help_text)
+            parser.add_argument(f"--{flag(item.name)}", type=_number(kind), default=default, help=help_text)
     config = TrainConfig(**vars(parser.parse_args(argv)))
     try:
         config.validate()
     except ConfigError as error:
         parser.error(str(error))
     return config
+
+
+def _number(kind: type) -> typing.Callable[[str], object]:
+    """int, float or str parsing, where floats refuse nan and inf (`--lr nan` would silently train nothing)."""
+    if kind is not float:
+        return kind
+
+    def finite_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(text)
+        return value
+
+    finite_float.__name__ = "finite float"
+    return finite_float

@@ -21,8 +21,8 @@ TEST_FRACTION = 0.15  # and as many validation images: 1257 / 270 / 270
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
     """Return the (train, validation, test) datasets: a stratified 70/15/15 split of the digits.
 
-    Every item must be an `(inputs, targets)` pair. Every rank calls this with the same
-    config and must get the same datasets: the engine shards them, so do not shard here.
+    Every item is an `(inputs, targets)` pair, which step.py unpacks. Every rank calls this with the
+    same config and must get the same datasets: the engine shards them, so do not shard here.
     """
     digits = load_digits()
     images = torch.from_numpy(digits.images / 16.0).float().reshape(-1, *IMAGE_SHAPE)  # pixels 0..16 -> [0, 1]

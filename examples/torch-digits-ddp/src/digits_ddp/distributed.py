@@ -157,6 +157,17 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [value.cpu() for value in gathered]
 
 
+def all_gather_rows(rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's rows (any number per rank, the same trailing shape), in rank order, on the CPU.
+
+    Collectives move equal shapes, so each rank pads to the longest and the padding is cut off.
+    """
+    sizes = [int(size) for size in all_gather(torch.tensor([len(rows)]))]
+    padded = torch.zeros((max(sizes), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    padded[: len(rows)] = rows
+    return [part[:size] for part, size in zip(all_gather(padded), sizes, strict=True)]
+
+
 def barrier() -> None:
     """Wait until every rank gets here."""
     dist.barrier()

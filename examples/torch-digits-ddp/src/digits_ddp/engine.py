@@ -1,13 +1,14 @@
 """The training loop: train and validate every epoch, checkpoint, then test.
 
-Managed by the looptpl template: put your own code in model.py, data.py, loss.py, metrics.py
-and optim.py.
+Managed by the looptpl template: put your own code in step.py, model.py, data.py, loss.py,
+metrics.py, optim.py and settings.py.
 """
 
 import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,193 +17,181 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import distributed
-from .callbacks import EarlyStopping, MetricLogger, NonFiniteGuard, ProgressBar
+from .callbacks import EarlyStopping, MetricLogger, ProgressBar
 from .checkpoint import Checkpointer
+from .collect import Mean, check_train_value
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import TrainingError
-from .loss import per_sample_loss
-from .metrics import per_sample_metrics
+from .errors import StepError, TrainingError, user_code_error
+from .evaluation import evaluate_split, finite_or_raise
 from .optim import build_optimizer, build_scheduler
-from .preflight import check_first_batch, check_per_sample
 from .sampling import build_loaders
+from .stages import Stage, build_stages, only_training, split_models
+from .step import train_step
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Trainer:
-    """Owns the model, the optimizer and the data loaders of one run, on one rank."""
+    """Owns the models, the optimizers and the data loaders of one run, on one rank."""
 
     def __init__(
-        self, config: TrainConfig, runtime: Runtime, model: nn.Module, datasets: tuple[Dataset, Dataset, Dataset]
+        self, config: TrainConfig, runtime: Runtime, built: object, datasets: tuple[Dataset, Dataset, Dataset]
     ) -> None:
         self.config = config
         self.runtime = runtime
         self.run_dir = Path(config.run_dir)
         config.check_batch_split(runtime.world_size)
-        self.loaders = build_loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device.type == "cuda")
+        self.loaders = build_loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
         self.train_sampler = self.loaders.train_sampler
 
-        self.model = distributed.wrap_model(model, runtime)
+        trained, frozen = split_models(built)
+        self.wrapped = {name: distributed.wrap_model(model, runtime) for name, model in trained.items()}
+        self.frozen = {name: model.to(runtime.device).eval().requires_grad_(False) for name, model in frozen.items()}
         # Compile after wrapping: DDP and FSDP hooks must be in place before tracing.
-        self.forward = torch.compile(self.model) if config.compile else self.model
-        self.optimizer = build_optimizer(self.model, config)
+        compiled = {name: torch.compile(model) if config.compile else model for name, model in self.wrapped.items()}
+        # step.py receives what model.py built: one module, or the dict of them.
+        self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
+        # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
+        trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
+        optimizers = build_optimizer(trained_view, config)
         total_updates = self.train_sampler.updates_per_epoch * config.epochs
-        self.scheduler = build_scheduler(self.optimizer, config, total_updates)
+        schedulers = build_scheduler(optimizers, config, total_updates)
+        self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
+        # What the checkpoints hold: the trained weights, without the frozen models.
+        self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
         self.autocast_dtype = AUTOCAST_DTYPES.get(config.precision)
-        # fp16 gradients can underflow: the scaler multiplies the loss up and skips updates with inf/NaN.
-        self.scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
         self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
-        self.nan_guard = NonFiniteGuard(config.nan_policy, config.max_consecutive_skips, runtime.is_main)
         self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
         self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
-        check_first_batch(self.model, datasets[0], runtime.device, self.autocast)
-        self.checkpointer.check_free_space(self.model)
+        self.checkpointer.check_free_space(self.trained)
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype)
 
-    def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = batch
-        return (
-            inputs.to(self.runtime.device, non_blocking=True),
-            targets.to(self.runtime.device, non_blocking=True),
-        )
+    def set_training(self, training: bool) -> None:
+        """Train or eval mode for the trained models; frozen ones always evaluate."""
+        for model in self.wrapped.values():
+            model.train(training and not self.config.train_in_eval_mode)
+
+    def train_update(self, micro_batches: list[Any]) -> tuple[torch.Tensor, bool]:
+        """One optimizer update per stage from this rank's micro-batches.
+
+        Returns this rank's [loss total, weight] per stage, and whether any stage applied its update.
+
+        The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i), over
+        every rank and micro-step. The weight sum is only known once every micro-step has run, so each
+        backward uses a fixed multiplier c = W / --global-batch-size instead (with one loss per
+        sample that is already the right scale), and DDP/FSDP then average the W ranks' gradients:
+        (c / W) * sum_i grad(w_i l_i). One multiplication by --global-batch-size / sum_i(w_i),
+        all-reduced on the device (no host synchronization), gives the exact mean: for a short last
+        batch, padded tokens or masks alike. With one loss per sample and a full batch it is exactly 1.
+        """
+        multiplier = self.runtime.world_size / self.config.global_batch_size
+        # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
+        # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
+        steps = [self._losses(batch) for batch in micro_batches]
+        totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
+        applied = False
+        for index, stage in enumerate(self.stages):
+            with only_training(stage, self.stages) if len(self.stages) > 1 else contextlib.nullcontext():
+                for micro_step, losses in enumerate(steps):
+                    # Gradients are synchronized across ranks only on an update's last micro-step.
+                    with stage.gradient_sync(enabled=micro_step == len(steps) - 1):
+                        with self.autocast():
+                            loss = self._next_loss(losses, stage)
+                        stage.scaler.scale(loss.total * multiplier).backward()
+                    totals[index] += torch.stack([loss.total.detach(), loss.weight]).double()
+            weight = distributed.all_reduce_sum(totals[index, 1].clone())
+            factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
+            if stage.step(factor, self.config.max_grad_norm, f"epoch {self.epoch + 1}, step {self.step}"):
+                applied = True
+            else:  # --nan-policy skip dropped it: its loss is left out of train_loss
+                totals[index] = 0.0
+        for losses in steps:
+            if next(losses, None) is not None:
+                raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
+        self.step += applied
+        return totals, applied
+
+    def _losses(self, batch: Any) -> Iterator[tuple[str, Mean]]:
+        """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
+        result = train_step(self.models, batch, self.config)
+        if isinstance(result, Iterator):
+            yield from result
+        else:
+            yield self.stages[0].name, result
+
+    def _next_loss(self, losses: Iterator[tuple[str, Mean]], stage: Stage) -> Mean:
+        try:
+            given = next(losses)
+        except StopIteration:
+            raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
+        except Exception as error:
+            raise user_code_error(error, "in train_step") from None
+        if not (isinstance(given, tuple) and len(given) == 2) or (len(self.stages) > 1 and given[0] != stage.name):
+            names = [stage.name for stage in self.stages]
+            raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
+        return check_train_value(given[1], stage.name)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One pass over the training set; returns the mean training loss over its samples."""
-        self.model.train()
+        """One pass over the training set; returns the mean training loss of each stage."""
+        self.set_training(True)
         self.train_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         batches = iter(self.loaders.train)
-        global_batch_sizes = self.train_sampler.global_batch_sizes()
-        self.progress.start(epoch + 1, self.config.epochs, len(global_batch_sizes))
-        epoch_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        window_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        epoch_samples = window_samples = skipped_samples = 0
-        self.nan_guard.skipped_this_epoch = 0
-        for update, global_batch_size in enumerate(global_batch_sizes):
-            update_loss = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-            update_samples = 0
-            for micro_step in range(self.config.grad_accum_steps):
-                inputs, targets = self._to_device(next(batches))
-                # Gradients are synchronized only on the last micro-step of an update.
-                is_last = micro_step == self.config.grad_accum_steps - 1
-                with distributed.gradient_sync(self.model, enabled=is_last):
-                    with self.autocast():
-                        outputs = self.forward(inputs)
-                        losses = check_per_sample(per_sample_loss(outputs, targets), len(targets), "loss.py")
-                    # The update must follow the mean loss over the B samples of the global batch:
-                    # (1/B) * sum_i grad(l_i) over every rank and micro-step. Gradient sync *averages*
-                    # over the W ranks, so each rank adds W/B * sum(l_i) over its own samples; the
-                    # average of the W ranks is then exactly the mean over all B. B counts the samples
-                    # actually in this global batch, so a short last batch is averaged over its true size.
-                    scaled_loss = losses.sum() * (self.runtime.world_size / global_batch_size)
-                    self.scaler.scale(scaled_loss).backward()
-                update_loss += losses.detach().sum(dtype=torch.float64)
-                update_samples += len(targets)
-            if self._optimizer_step(epoch):
-                epoch_loss += update_loss
-                window_loss += update_loss
-                epoch_samples += update_samples
-                window_samples += update_samples
-            else:  # --nan-policy skip dropped this update: its samples count as not trained on
-                skipped_samples += global_batch_size
-            if (update + 1) % self.config.log_every == 0 or update + 1 == len(global_batch_sizes):
+        updates = self.train_sampler.updates_per_epoch
+        self.progress.start(epoch + 1, self.config.epochs, updates)
+        epoch_totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
+        window = torch.zeros_like(epoch_totals)
+        skipped = 0
+        for update in range(updates):
+            micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
+            totals, applied = self.train_update(micro_batches)
+            skipped += not applied
+            epoch_totals += totals
+            window += totals
+            if (update + 1) % self.config.log_every == 0 or update + 1 == updates:
                 # One small all-reduce every --log-every updates: the global running loss, checked for
                 # NaN/inf on every rank alike so all ranks stop together.
-                loss = self._global_mean(window_loss, window_samples)
-                self._check_finite(loss, epoch)
-                self.progress.update(update + 1, epoch_samples * self.runtime.world_size, loss)
-                window_loss.zero_()
-                window_samples = 0
+                global_window = distributed.all_reduce_sum(window.clone())
+                loss = (global_window[0, 0] / global_window[0, 1].clamp_min(1e-12)).item()
+                if not math.isfinite(loss):
+                    raise TrainingError(
+                        f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
+                        "data for NaN/inf, or use --precision fp32"
+                    )
+                self.progress.update(update + 1, (update + 1) * self.config.global_batch_size, loss)
+                window.zero_()
         self.progress.finish()
-        expected = self.train_sampler.samples_per_epoch - skipped_samples
-        totals = distributed.all_reduce_sum(
-            torch.stack([epoch_loss, torch.tensor(float(epoch_samples), dtype=torch.float64, device=epoch_loss.device)])
-        )
-        if round(totals[1].item()) != expected:
-            raise TrainingError(f"ranks trained on {totals[1].item():.0f} samples this epoch, expected {expected}")
-        result = {"train_loss": totals[0].item() / max(1, expected)}
-        if self.nan_guard.skips_updates:
-            result["skipped_updates"] = self.nan_guard.skipped_this_epoch
+        result: dict[str, float] = {}
+        for stage, (total, weight) in zip(self.stages, distributed.all_reduce_sum(epoch_totals).tolist(), strict=True):
+            result[self._loss_name("train", stage)] = total / weight if weight else math.nan
+        if self.stages[0].nan_guard.skips_updates:
+            result["skipped_updates"] = skipped
         return result
 
-    def _optimizer_step(self, epoch: int) -> bool:
-        """Clip, step and schedule once the global batch's gradients are complete; False if skipped."""
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
-        if self.config.max_grad_norm > 0 or self.nan_guard.skips_updates:
-            # The norm of the whole, synchronized gradient: the same value on every rank.
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
-            # Reading the norm waits for the GPU, so only --nan-policy skip looks at it every update.
-            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(
-                distributed.is_finite(norm), epoch, self.step
-            ):
-                self.optimizer.zero_grad(set_to_none=True)
-                return False
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        # With fp16 an update with inf/NaN gradients is skipped and the scale lowered; the schedule
-        # only advances on updates that happened.
-        if not (self.scaler.is_enabled() and self.scaler.get_scale() < scale_before):
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        return True
+    def _loss_name(self, split: str, stage: Stage) -> str:
+        return f"{split}_loss" if len(self.stages) == 1 else f"{split}_{stage.name}_loss"
 
-    def _global_mean(self, loss_sum: torch.Tensor, samples: int) -> float:
-        count = torch.tensor(float(samples), dtype=torch.float64, device=loss_sum.device)
-        totals = distributed.all_reduce_sum(torch.stack([loss_sum, count]))
-        return totals[0].item() / max(1.0, totals[1].item())
-
-    def _check_finite(self, loss: float, epoch: int) -> None:
-        if not math.isfinite(loss):
-            raise TrainingError(
-                f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your data "
-                "for NaN/inf, or use --precision fp32"
-            )
-
-    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
-        """Mean loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
+        """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
+        self.set_training(False)
         loader = self.loaders.val if split == "val" else self.loaders.test
-        real_size = loader.sampler.real_size  # type: ignore[attr-defined]
-        self.model.eval()
-        sums: dict[str, torch.Tensor] = {}
-        seen = 0
-        for batch in loader:
-            inputs, targets = self._to_device(batch)
-            with self.autocast():
-                outputs = self.forward(inputs)
-                values = {"loss": per_sample_loss(outputs, targets), **per_sample_metrics(outputs, targets)}
-            # Samples past this rank's real_size are padding (sampling.py): mask them out so that
-            # every sample of the split is counted exactly once over all ranks.
-            keep = max(0, min(len(targets), real_size - seen))
-            seen += len(targets)
-            for name, value in values.items():
-                value = check_per_sample(value, len(targets), "metrics.py" if name != "loss" else "loss.py")
-                sums[name] = sums.get(name, 0) + value[:keep].sum(dtype=torch.float64)
-        names = list(sums)
-        count = torch.tensor(float(real_size), dtype=torch.float64, device=self.runtime.device)
-        totals = distributed.all_reduce_sum(torch.stack([*(sums[name] for name in names), count])).tolist()
-        samples = totals.pop()
-        results = {f"{split}_{name}": total / samples for name, total in zip(names, totals, strict=True)}
-        results[f"{split}_samples"] = int(samples)
-        return results
+        return evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything besides weights and optimizer that a resumed run needs."""
+        """Everything besides weights and optimizers that a resumed run needs."""
         return {
             "epoch": self.epoch,
             "step": self.step,
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "schedulers": {stage.name: stage.scheduler.state_dict() for stage in self.stages},
+            "scalers": {stage.name: stage.scaler.state_dict() for stage in self.stages},
             "early_stopping": self.early_stopping.state_dict(),
             "config": dataclasses.asdict(self.config),
         }
@@ -211,10 +200,11 @@ class Trainer:
         """Continue from the latest checkpoint in the run directory."""
         path, checkpoint = self.checkpointer.load_latest()
         check_resumable(self.config, checkpoint["config"])
-        self.checkpointer.restore(path, checkpoint, self.model, self.optimizer)
+        self.checkpointer.restore(path, checkpoint, self.trained, [stage.optimizer for stage in self.stages])
         self.epoch, self.step = checkpoint["epoch"], checkpoint["step"]
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
-        self.scaler.load_state_dict(checkpoint["scaler"])
+        for stage in self.stages:
+            stage.scheduler.load_state_dict(checkpoint["schedulers"][stage.name])
+            stage.scaler.load_state_dict(checkpoint["scalers"][stage.name])
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
         if self.logger is not None:
             self.logger.keep_until(self.epoch)
@@ -233,13 +223,10 @@ class Trainer:
             epoch_started = time.perf_counter()
             record: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch), **self.evaluate("val")}
             samples_trained += self.train_sampler.samples_per_epoch
-            record.update(step=self.step, lr=self.scheduler.get_last_lr()[0])
+            record.update(step=self.step, lr=self.stages[0].scheduler.get_last_lr()[0])
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
-            if not (math.isfinite(record["train_loss"]) and math.isfinite(record["val_loss"])):
-                raise TrainingError(
-                    f"the weights diverged in epoch {epoch + 1} (train_loss {record['train_loss']}, val_loss "
-                    f"{record['val_loss']}); no checkpoint was written for it; lower --lr or use --precision fp32"
-                )
+            # Never checkpoint NaN weights, nor pick a best epoch by a NaN metric.
+            finite_or_raise(record, f"epoch {epoch + 1}")
             if self.config.monitor not in record:
                 raise TrainingError(
                     f"--monitor {self.config.monitor} is not a logged metric; choose one of "
@@ -250,7 +237,8 @@ class Trainer:
             self.epoch = epoch + 1
             if self.logger is not None:
                 self.logger.log(record)
-            self.checkpointer.save(self.model, self.optimizer, self.state_dict(), self.epoch, is_best)
+            optimizers = [stage.optimizer for stage in self.stages]
+            self.checkpointer.save(self.trained, optimizers, self.state_dict(), self.epoch, is_best)
             # Rank 0 decides and every rank follows, so all ranks leave the loop at the same epoch.
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
@@ -261,11 +249,10 @@ class Trainer:
         return self.test(stopped_early, samples_trained / max(train_seconds, 1e-9))
 
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
-        """Evaluate the best (or last) checkpoint on the test set and write summary.json."""
+        """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
         tested = "last"
-        if self.config.test_on == "best" and (self.checkpointer.directory / "best.pt").exists():
-            self.checkpointer.load_weights(self.checkpointer.directory / "best.pt", self.model)
-            tested = f"best (epoch {self.early_stopping.best_epoch})"
+        if self.config.test_on == "best":
+            tested = self.checkpointer.load_best(self.trained, self.early_stopping.best_epoch)
         summary: dict[str, Any] = {
             "epochs_run": self.epoch,
             "steps": self.step,

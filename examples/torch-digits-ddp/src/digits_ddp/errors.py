@@ -4,11 +4,20 @@ train.py turns each into one message and an exit code; the message names the fla
 to change.
 """
 
+import re
+import traceback
+from pathlib import Path
+
+# The files of this package that hold your code: an error raised in them is reported by file and line.
+USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py")
+
 
 class RunError(Exception):
     """A run that cannot start or go on."""
 
     exit_code = 1
+    # Raised alike on every rank (from all-reduced values), so the ranks can still leave together.
+    on_every_rank = True
 
 
 class ConfigError(RunError):
@@ -18,7 +27,15 @@ class ConfigError(RunError):
 
 
 class DataError(RunError):
-    """Data from data.py, loss.py or metrics.py that the loop cannot use."""
+    """Data from data.py that the loop cannot use."""
+
+    on_every_rank = False
+
+
+class StepError(RunError):
+    """What your code returned or raised on one batch, on one rank."""
+
+    on_every_rank = False
 
 
 class TrainingError(RunError):
@@ -27,3 +44,34 @@ class TrainingError(RunError):
 
 class CheckpointError(RunError):
     """No usable checkpoint where one was expected."""
+
+
+def user_code_error(error: Exception, doing: str) -> RunError:
+    """One line for an exception raised in your code: the file and line of yours it came from.
+
+    A DataLoader worker's error arrives as text, with the worker's traceback in its message.
+    Errors that did not pass through a user file are the template's: they keep their traceback.
+    """
+    text = str(error).strip()
+    if isinstance(error, RunError) and "\n" in text:  # a DataLoader worker's error, with its traceback
+        return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1])
+    if "Expected to have finished reduction in the prior iteration" in text:  # DistributedDataParallel's check
+        return StepError(
+            "some trainable weights got no gradient in the last update (a head or layer the loss does not use); DDP "
+            "needs every trained weight in every update: freeze unused ones with requires_grad_(False) in model.py"
+        )
+    if type(error).__name__ == "OutOfMemoryError":
+        return StepError(f"out of memory {doing}; lower --global-batch-size or raise --grad-accum-steps")
+    package = Path(__file__).parent
+    places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+    places += [(Path(name), int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', text)]
+    mine = [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+    if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
+        return type(error)(f"{mine[-1]}: {text}") if mine else error
+    if not mine:
+        raise error
+    lines = [line for line in text.splitlines() if line.strip()]
+    message = lines[-1].strip() if lines else type(error).__name__
+    if not message.startswith(type(error).__name__):
+        message = f"{type(error).__name__}: {message}"
+    return StepError(f"{mine[-1]} failed {doing}: {message}")

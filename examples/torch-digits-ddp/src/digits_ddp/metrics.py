@@ -1,16 +1,18 @@
-"""Your evaluation metrics, one value per sample.
+"""Your evaluation metrics.
 
 This file is yours: `copier update` keeps your edits here.
 """
 
 import torch
 
+from .collect import Gather, Mean
 
-def per_sample_metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Return each metric as one value per sample, shape `[batch]`.
 
-    The engine sums each metric over every validation or test sample exactly once, across all
-    ranks, and divides by the number of samples: the result is the dataset mean. Metrics that
-    are not a mean over samples (F1, AUC) need their own reduction.
-    """
-    return {"accuracy": (outputs.argmax(dim=1) == targets).float()}
+def batch_metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Mean | Gather]:
+    """Each metric of one evaluation batch, by name; logged as val_<name> and test_<name>."""
+    return {"accuracy": Mean((outputs.argmax(dim=1) == targets).float())}
+
+
+def dataset_metrics(means: dict[str, float], gathered: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Metrics of a whole split beyond the means: none here."""
+    return {}

@@ -5,20 +5,22 @@ each global batch is split into `world_size * grad_accum_steps` micro-batches an
 its own. The union over ranks and micro-steps is exactly the global batch that a single process
 would see, so N ranks train like 1 rank with the same global batch.
 
-Evaluation: rank r takes samples r, r + N, r + 2N, ... Short shards are padded with a repeated
-sample so every rank runs the same number of batches (FSDP needs that: each forward is a
-collective); the engine masks the padding out, so every sample counts exactly once.
+Evaluation: rank r takes samples r, r + N, r + 2N, ... A rank whose shard needs one batch fewer
+runs a padding batch, so every rank runs the same number of batches (FSDP needs that: each
+forward is a collective); its values are dropped, so every sample counts exactly once.
 """
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
+from . import data
 from .config import TrainConfig
-from .errors import DataError
+from .errors import DataError, user_code_error
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -64,59 +66,112 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return self.updates_per_epoch * self.grad_accum_steps
 
 
-class EvalShardSampler(Sampler[int]):
-    """Rank r's share of an evaluation set, padded to the longest shard; `real_size` are genuine."""
+class EvalBatchSampler(Sampler[list[int]]):
+    """Rank r's share of an evaluation set, samples r, r + N, r + 2N, ..., in batches.
 
-    def __init__(self, dataset_size: int, rank: int, world_size: int) -> None:
-        self.indices = list(range(rank, dataset_size, world_size))
-        self.real_size = len(self.indices)
-        longest = -(-dataset_size // world_size)
-        self.indices += [0] * (longest - self.real_size)  # padding, masked out by the engine
+    Every rank runs as many batches as the rank with the most: one short of that gets a padding
+    batch (a repeated sample) after its `real_batches`, whose values the engine drops.
+    """
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+    def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:
+        self.dataset_size = dataset_size
+        indices = list(range(rank, dataset_size, world_size))
+        self.real_size = len(indices)
+        self.batches = [indices[start : start + batch_size] for start in range(0, len(indices), batch_size)]
+        self.real_batches = len(self.batches)
+        longest_shard = -(-dataset_size // world_size)
+        self.batches += [[0]] * (-(-longest_shard // batch_size) - self.real_batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.batches)
 
 
 @dataclass
 class Loaders:
-    """This rank's data loaders, and the sampler that drives training."""
+    """This rank's data loaders, the sampler that drives training, and how batches reach the device."""
 
     train: DataLoader
     train_sampler: GlobalBatchSampler
     val: DataLoader
     test: DataLoader
+    device: torch.device
+
+    def next_batch(self, batches: Iterator[Any]) -> Any:
+        """The next batch on the device; an error in data.py names its file and line."""
+        try:
+            return self.to_device(next(batches))
+        except Exception as error:
+            raise user_code_error(error, "loading a batch") from None
+
+    def to_device(self, batch: Any) -> Any:
+        """Move every tensor of a batch (nested in tuples, lists and dicts) to the device, without waiting."""
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
+        if isinstance(batch, dict):
+            return {key: self.to_device(value) for key, value in batch.items()}
+        if isinstance(batch, list | tuple):
+            moved = [self.to_device(value) for value in batch]
+            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+        return batch
 
 
 def build_loaders(
-    datasets: tuple[Dataset, Dataset, Dataset], config: TrainConfig, rank: int, world_size: int, pin_memory: bool
+    datasets: tuple[Dataset, Dataset, Dataset], config: TrainConfig, rank: int, world_size: int, device: torch.device
 ) -> Loaders:
     """Wrap data.py's datasets in loaders that give this rank its share of each split."""
     train_set, val_set, test_set = datasets
+    train_size = split_size(train_set, "train")
+    if config.global_batch_size > train_size:
+        raise DataError(
+            f"--global-batch-size {config.global_batch_size} is larger than the train set ({train_size} samples); "
+            "lower it, or add data"
+        )
     train_sampler = GlobalBatchSampler(
-        split_size(train_set, "train"), config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed
+        train_size, config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed
     )
     if train_sampler.updates_per_epoch == 0:
         raise DataError(
-            f"data.py: the train set has {len(train_set)} samples, too few for one update split over "  # type: ignore[arg-type]
+            f"data.py: the train set has {train_size} samples, too few for one update split over "
             f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
         )
     make_loader = functools.partial(
-        DataLoader, num_workers=config.num_workers, pin_memory=pin_memory, persistent_workers=config.num_workers > 0
+        DataLoader,
+        collate_fn=_checked(getattr(data, "collate", default_collate)),
+        num_workers=config.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=config.num_workers > 0,
     )
 
     def eval_loader(dataset: Dataset, split: str) -> DataLoader:
-        sampler = EvalShardSampler(split_size(dataset, split), rank, world_size)
-        return make_loader(dataset, batch_size=config.eval_batch_size, sampler=sampler)
+        sampler = EvalBatchSampler(split_size(dataset, split), config.eval_batch_size, rank, world_size)
+        return make_loader(dataset, batch_sampler=sampler)
 
     return Loaders(
         train=make_loader(train_set, batch_sampler=train_sampler),
         train_sampler=train_sampler,
         val=eval_loader(val_set, "val"),
         test=eval_loader(test_set, "test"),
+        device=device,
     )
+
+
+def _checked(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """data.py's collate, with its failures named: items of different shapes are the usual one."""
+
+    def collate_items(items: list[Any]) -> Any:
+        try:
+            return collate(items)
+        except Exception as error:
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DataError(
+                f"data.py: could not collate {len(items)} items into a batch ({message}); items of different "
+                "shapes (variable-length sequences) need a collate() in data.py that pads them"
+            ) from None
+
+    return collate_items
 
 
 def split_size(dataset: Dataset, split: str) -> int:

@@ -8,7 +8,8 @@ Launch:
     torchrun --nnodes N --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         --rdzv-id JOB --max-restarts 3 -m digits_ddp.train
 
-Your code lives in model.py, data.py, loss.py, metrics.py and optim.py; `--help` lists every flag.
+Your code lives in data.py, model.py, step.py, loss.py, metrics.py, optim.py and settings.py;
+`--help` lists every flag, yours first.
 """
 
 import dataclasses
@@ -25,6 +26,7 @@ from .config import TrainConfig, parse_config
 from .data import build_datasets
 from .engine import Trainer
 from .errors import ConfigError, RunError
+from .evaluation import finite_or_raise
 from .model import build_model
 
 
@@ -68,23 +70,27 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
         # From here on each rank draws its own numbers (dropout, augmentation).
         seed_everything(config.seed + runtime.rank)
     summary = trainer.fit()
-    if not runtime.is_main:
-        return
     if summary is None:
-        print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
+        if runtime.is_main:
+            print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
         return
-    (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    width = max(map(len, summary))
-    print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+    if runtime.is_main:
+        (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        width = max(map(len, summary))
+        print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+    # The summary is written either way; a NaN test result still fails the run (on every rank alike).
+    finite_or_raise(summary, "the final test")
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     try:
         run(config, distributed.setup(config))
-    except RunError as error:  # raised alike on every rank, so all of them still leave together
+    except RunError as error:
         print(f"error: {error}", file=sys.stderr)
-        distributed.teardown(wait_for_others=True)
+        # An error raised alike on every rank lets all of them leave together; one raised on this rank
+        # alone (a bad batch) must not wait for the others, which would hang in their next collective.
+        distributed.teardown(wait_for_others=error.on_every_rank)
         return error.exit_code
     except BaseException as error:
         # A crash: leave at once so the other ranks fail fast instead of waiting for this one.

@@ -65,18 +65,26 @@ def evaluation(loss: Mean, metrics: dict[str, Mean | Gather]) -> dict[str, Mean 
     return {"loss": loss, **metrics}
 
 
-def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` from every rank, concatenated along dim 0 in rank order, with gradients passed back.
+def gather_with_grad(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`tensor`'s rows from every rank, in rank order, with gradients passed back; and where this rank's start.
 
     For objectives that couple the samples of the global batch (CLIP, SimCLR): each rank's loss
     then sees every rank's embeddings as negatives, and the gradient of each embedding flows back
-    to the rank that computed it. Every rank must call it with the same shape. With accumulation
-    it gathers one micro-batch per rank: the negatives are those of the micro-step, not of the
-    whole global batch (see docs/semantics.md).
+    to the rank that computed it, so N ranks train exactly like one. Ranks may hold different
+    numbers of rows (the short last batch). Every rank must call it. With accumulation it gathers
+    one micro-batch per rank: the negatives are those of the micro-step, not of the whole global
+    batch (see docs/semantics.md).
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return tensor
-    return torch.cat(all_gather_with_autograd(tensor), dim=0)
+        return tensor, 0
+    # Collectives move equal shapes: pad every rank's rows to the longest, gather, cut the padding off.
+    counts = [torch.zeros(1, dtype=torch.long, device=tensor.device) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, torch.tensor([len(tensor)], device=tensor.device))
+    sizes = [int(count) for count in counts]
+    padded = torch.cat([tensor, tensor.new_zeros((max(sizes) - len(tensor), *tensor.shape[1:]))])
+    parts = all_gather_with_autograd(padded)
+    rows = torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
+    return rows, sum(sizes[: dist.get_rank()])
 
 
 def check_train_value(value: object, stage: str) -> Mean:

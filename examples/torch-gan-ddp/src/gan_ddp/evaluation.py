@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from . import distributed
 from .collect import Gather, Mean, check_eval_values
+from .config import TrainConfig
 from .errors import StepError, TrainingError, user_code_error
 from .metrics import dataset_metrics
 from .step import eval_step
@@ -29,6 +30,7 @@ def evaluate_split(
     split: str,
     loader: DataLoader,
     models: Any,
+    config: TrainConfig,
     next_batch: Callable[[Iterator[Any]], Any],
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
 ) -> dict[str, float]:
@@ -42,7 +44,7 @@ def evaluate_split(
         batch = next_batch(batches)
         try:
             with autocast():
-                values = check_eval_values(eval_step(models, batch))
+                values = check_eval_values(eval_step(models, batch, config))
         except Exception as error:
             raise user_code_error(error, f"in eval_step on the {split} split") from None
         padding = index >= sampler.real_batches  # type: ignore[union-attr]
@@ -57,7 +59,10 @@ def evaluate_split(
     totals = distributed.all_reduce_sum(torch.stack([sums[name] for name in names])).tolist() if names else []
     means = {name: total / weight if weight else math.nan for name, (total, weight) in zip(names, totals, strict=True)}
     gathered = {name: _in_dataset_order(name, rows, sampler) for name in _gather_names(values)}
-    extra = dataset_metrics(means, gathered)
+    try:
+        extra = dataset_metrics(means, gathered)
+    except Exception as error:
+        raise user_code_error(error, f"in dataset_metrics on the {split} split") from None
     clash = [name for name in extra if name in means or name in RESERVED]
     if clash or not isinstance(extra, dict):
         raise StepError(f"metrics.py: dataset_metrics must return a dict of new names, got {clash or extra!r}")
@@ -79,7 +84,8 @@ def _in_dataset_order(name: str, rows: dict[str, list[torch.Tensor]], sampler: A
     local = torch.cat(rows[name]) if name in rows else torch.empty(0)
     if len(local) != sampler.real_size:
         raise StepError(
-            f"eval_step's Gather {name!r} gave {len(local)} rows for {sampler.real_size} samples; give one row per sample"
+            f"eval_step's Gather {name!r} gave {len(local)} rows for {sampler.real_size} samples; "
+            "give one row per sample"
         )
     parts = distributed.all_gather_rows(local)
     ordered = torch.empty((sum(len(part) for part in parts), *local.shape[1:]), dtype=local.dtype)

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .collect import Gather, Mean
 from .config import TrainConfig
+from .loss import scored_as
 
 
 def train_step(models: dict[str, nn.Module], batch: Any, config: TrainConfig) -> Iterator[tuple[str, Mean]]:
@@ -24,19 +24,13 @@ def train_step(models: dict[str, nn.Module], batch: Any, config: TrainConfig) ->
     generator, discriminator = models["generator"], models["discriminator"]
     real, label, noise = batch["image"], batch["label"], batch["noise"]
 
-    fake = generator(noise, label)
     # Real images should score high, generated ones low: one loss value per image, 2B in all.
-    real_loss = F.binary_cross_entropy_with_logits(
-        discriminator(real, label), torch.ones_like(label, dtype=real.dtype), reduction="none"
-    )
-    fake_loss = F.binary_cross_entropy_with_logits(
-        discriminator(fake, label), torch.zeros_like(label, dtype=real.dtype), reduction="none"
-    )
+    fake = generator(noise, label)
+    real_loss, fake_loss = scored_as(discriminator(real, label), True), scored_as(discriminator(fake, label), False)
     yield "discriminator", Mean(torch.cat([real_loss, fake_loss]))
 
     # The non-saturating generator loss: make the updated discriminator score generated images high.
-    scores = discriminator(generator(noise, label), label)
-    yield "generator", Mean(F.binary_cross_entropy_with_logits(scores, torch.ones_like(scores), reduction="none"))
+    yield "generator", Mean(scored_as(discriminator(generator(noise, label), label), True))
 
 
 def eval_step(models: dict[str, nn.Module], batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:

@@ -84,7 +84,8 @@ def _in_dataset_order(name: str, rows: dict[str, list[torch.Tensor]], sampler: A
     local = torch.cat(rows[name]) if name in rows else torch.empty(0)
     if len(local) != sampler.real_size:
         raise StepError(
-            f"eval_step's Gather {name!r} gave {len(local)} rows for {sampler.real_size} samples; give one row per sample"
+            f"eval_step's Gather {name!r} gave {len(local)} rows for {sampler.real_size} samples; "
+            "give one row per sample"
         )
     parts = distributed.all_gather_rows(local)
     ordered = torch.empty((sum(len(part) for part in parts), *local.shape[1:]), dtype=local.dtype)

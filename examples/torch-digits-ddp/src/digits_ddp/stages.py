@@ -1,0 +1,132 @@
+"""One optimizer's part of an update: which weights it trains, and its scale, clip, check and step.
+
+Managed by the looptpl template: put your own code in step.py and optim.py.
+
+A run has one stage per optimizer (optim.py), in order. With one optimizer there is one stage
+and nothing else to know. With several (a GAN's discriminator, then its generator), step.py
+yields one loss per stage; while a stage runs, only its weights take gradients, so the other
+networks neither compute nor synchronize gradients they would not use.
+"""
+
+import contextlib
+import math
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from . import distributed
+from .callbacks import NonFiniteGuard
+from .config import TrainConfig
+from .distributed import Runtime
+from .errors import DataError
+
+
+@dataclass
+class Stage:
+    """An optimizer, its schedule and fp16 loss scaler, and the wrapped models whose weights it updates."""
+
+    name: str
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    models: list[nn.Module]
+    nan_guard: NonFiniteGuard
+    params: list[torch.nn.Parameter] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
+
+    @contextlib.contextmanager
+    def gradient_sync(self, enabled: bool) -> Iterator[None]:
+        """Synchronize this stage's gradients across ranks only when `enabled` (an update's last micro-step)."""
+        with contextlib.ExitStack() as stack:
+            for model in self.models:
+                stack.enter_context(distributed.gradient_sync(model, enabled))
+            yield
+
+    def step(self, factor: torch.Tensor, max_grad_norm: float, where: str) -> bool:
+        """Rescale, clip and apply the accumulated gradients; False if --nan-policy skip dropped the update.
+
+        `factor` turns the gradients that backward left into those of the exact global mean
+        (engine.py, `train_update`). It is a tensor on the device: no host synchronization.
+        """
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
+        grads = [param.grad for param in self.params if param.grad is not None]
+        torch._foreach_mul_(grads, factor)
+        if max_grad_norm > 0 or self.nan_guard.skips_updates:
+            # The norm of the whole, synchronized gradient: the same value on every rank.
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or math.inf)
+            # Reading the norm waits for the GPU, so only --nan-policy skip looks at it every update.
+            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(distributed.is_finite(norm), where):
+                self.optimizer.zero_grad(set_to_none=True)
+                return False
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # With fp16 an update with inf/NaN gradients is skipped and the scale lowered; the schedule
+        # only advances on updates that happened.
+        if not (self.scaler.is_enabled() and self.scaler.get_scale() < scale_before):
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+
+@contextlib.contextmanager
+def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
+    """While `stage` runs, the weights of the other stages take no gradient (restored afterwards)."""
+    others = [param for other in stages if other is not stage for param in other.params if param.requires_grad]
+    for param in others:
+        param.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param in others:
+            param.requires_grad_(True)
+
+
+def split_models(built: object) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
+    """model.py's network(s) by name, split into those with trainable weights and frozen ones."""
+    named: dict[str, object] = built if isinstance(built, dict) else {"model": built}
+    for name, module in named.items():
+        if not isinstance(module, nn.Module):
+            raise DataError(f"model.py: build_model must return an nn.Module or a dict of them; {name!r} is {module!r}")
+    modules = typing.cast(dict[str, nn.Module], named)
+    trained = {name: module for name, module in modules.items() if any(p.requires_grad for p in module.parameters())}
+    if not trained:
+        raise DataError("model.py: build_model returned no trainable weight (every parameter has requires_grad=False)")
+    return trained, {name: module for name, module in modules.items() if name not in trained}
+
+
+def build_stages(
+    optimizers: object, schedulers: object, wrapped: dict[str, nn.Module], config: TrainConfig, runtime: Runtime
+) -> list[Stage]:
+    """One stage per optimizer from optim.py, in its order, with the wrapped models it updates."""
+    optimizers = optimizers if isinstance(optimizers, dict) else {"model": optimizers}
+    schedulers = schedulers if isinstance(schedulers, dict) else {"model": schedulers}
+    if list(schedulers) != list(optimizers):
+        raise DataError(
+            f"optim.py: build_scheduler returned schedules for {list(schedulers)}; "
+            f"the optimizers are {list(optimizers)}"
+        )
+    stages = []
+    for name, optimizer in optimizers.items():
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise DataError(
+                f"optim.py: build_optimizer must return an optimizer or a dict of them; {name!r} is {optimizer!r}"
+            )
+        owned = {id(param) for group in optimizer.param_groups for param in group["params"]}
+        models = [model for model in wrapped.values() if any(id(param) in owned for param in model.parameters())]
+        scaler = torch.amp.GradScaler(runtime.device.type, enabled=config.precision == "fp16")
+        guard = NonFiniteGuard(config.nan_policy, config.max_consecutive_skips, runtime.is_main)
+        stages.append(Stage(name, optimizer, schedulers[name], scaler, models, guard))  # type: ignore[arg-type]
+    in_an_optimizer = {id(param) for stage in stages for param in stage.params}
+    for name, model in wrapped.items():
+        if any(param.requires_grad and id(param) not in in_an_optimizer for param in model.parameters()):
+            raise DataError(
+                f"model.py's {name!r} has trainable weights that no optimizer in optim.py updates; add them, or "
+                "freeze them with requires_grad_(False)"
+            )
+    return stages
