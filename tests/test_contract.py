@@ -203,3 +203,50 @@ def test_a_contrastive_loss_over_every_rank_trains_like_one_rank(tabular, tmp_pa
         assert difference < LM_TOLERANCE
     else:
         assert difference > 10 * LM_TOLERANCE
+
+
+LAZY_FILE_DATA = '''
+import os
+
+
+class FromFile(Dataset):
+    """Items read from one binary file, opened on first use in the process that reads (each worker its own)."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path, self.size, self.handle, self.opened_by = path, size, None, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.handle is None:
+            self.handle, self.opened_by = open(self.path, "rb"), os.getpid()  # noqa: SIM115
+        if self.opened_by != os.getpid():  # inherited from the process that forked this worker: shared offsets
+            raise RuntimeError("a file handle opened in another process is read here")
+        self.handle.seek(index * 4 * (NUM_FEATURES + 1))
+        row = torch.frombuffer(bytearray(self.handle.read(4 * (NUM_FEATURES + 1))), dtype=torch.float32)
+        return row[:NUM_FEATURES], row[NUM_FEATURES].long()
+
+
+_build_datasets = build_datasets
+
+
+def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
+    train, val, test = _build_datasets(config)
+    path = f"{config.run_dir}.train.bin"
+    torch.cat([train.tensors[0], train.tensors[1][:, None].float()], dim=1).numpy().tofile(path)
+    return FromFile(path, len(train)), val, test
+'''
+
+
+def test_a_lazily_opened_file_gives_the_same_run_with_and_without_workers(tmp_path):
+    # The engine reads no item before the DataLoader workers start, so each worker opens its own
+    # handle; a handle opened (or a file read) in the main process first would be shared by every
+    # worker, and their seeks and reads would interleave.
+    project = tmp_path / "lazy"
+    assert looptpl("new", str(project), "--backend", "torch", "--strategy", "single", "--no-git").exit_code == 0
+    (project / "src" / "lazy" / "data.py").write_text((project / "src" / "lazy" / "data.py").read_text() + LAZY_FILE_DATA)
+    for workers in ("0", "2", "2"):
+        train_torch(project, tmp_path / f"run{len(list(tmp_path.glob('run*')))}", "--epochs", "2", "--num-workers", workers)
+    weights = [trained_weights(run_dir) for run_dir in sorted(tmp_path.glob("run?"))]
+    assert relative_difference(weights[0], weights[1]) == 0 and relative_difference(weights[0], weights[2]) == 0
