@@ -12,6 +12,10 @@ from pathlib import Path
 USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py")
 
 
+# How a failed collective reads (an FSDP forward is one): train.py explains those, not as a mistake in your code.
+COLLECTIVE_FAILURES = ("timed out", "Timed out", "Connection closed by peer", "Connection reset by peer", "NCCL")
+
+
 class RunError(Exception):
     """A run that cannot start or go on."""
 
@@ -55,6 +59,8 @@ def user_code_error(error: Exception, doing: str) -> RunError:
     text = str(error).strip()
     if isinstance(error, RunError) and "\n" in text:  # a DataLoader worker's error, with its traceback
         return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1])
+    if any(sign in text for sign in COLLECTIVE_FAILURES):  # another rank died or hangs: not this batch's fault
+        raise error
     if "Expected to have finished reduction in the prior iteration" in text:  # DistributedDataParallel's check
         return StepError(
             "some trainable weights got no gradient in the last update (a head or layer the loss does not use); DDP "
