@@ -208,7 +208,7 @@ def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
     listed = result.stdout.splitlines()
     assert any(line.startswith("src/proj/data.py:") and "load your data" in line for line in listed)
     assert {line.split(":")[0] for line in listed} == {
-        f"src/proj/{name}.py" for name in ("data", "model", "loss", "metrics", "optim")
+        f"src/proj/{name}.py" for name in ("data", "model", "step", "loss", "metrics", "optim", "settings")
     }
     for path in (project / "src" / "proj").glob("*.py"):
         path.write_text(path.read_text().replace("# TODO(", "# Done("))
