@@ -47,7 +47,9 @@ def edit(project: Path, file: str, old: str, new: str) -> None:
 def run_failing(project: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
     """One training process that must fail; returns its output."""
     module = ["-m", f"{answers(project)['package_name']}.train", "--run-dir", str(run_dir), "--device", "cpu"]
-    result = run([sys.executable, *module, "--no-progress", *flags], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    result = run(
+        [sys.executable, *module, "--no-progress", *flags], cwd=project, env={"PYTHONPATH": str(project / "src")}
+    )
     assert result.returncode != 0, result.stdout[-3000:]
     return result
 
@@ -80,7 +82,7 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
         naive,
         "step.py",
         'return Mean(losses, weights=mask, per="token")\n\n\ndef eval_step',
-        'return Mean(((losses * mask).sum() / mask.sum()).reshape(1))\n\n\ndef eval_step',
+        "return Mean(((losses * mask).sum() / mask.sum()).reshape(1))\n\n\ndef eval_step",
     )
     train_torch(naive, tmp_path / "one", *TINY_LM)
     train_torch(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", ranks=2)
@@ -113,7 +115,9 @@ def test_gan_with_a_locally_scaled_loss_fails_the_same_check(gan, tmp_path):
          'yield "discriminator", Mean(torch.cat([real_loss, fake_loss]).mean().reshape(1))')  # fmt: skip
     train_torch(naive, tmp_path / "one", *GAN_RUN)
     train_torch(naive, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2)
-    assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) > 10 * GAN_TOLERANCE
+    assert (
+        relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) > 10 * GAN_TOLERANCE
+    )
 
 
 def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
@@ -192,7 +196,9 @@ def test_a_contrastive_loss_over_every_rank_trains_like_one_rank(tabular, tmp_pa
     project = copy_project(tabular, tmp_path / "contrastive")
     blocks = doc_blocks("Contrastive")
     write_blocks(project, {"step.py": blocks["step.py"], "metrics.py": blocks["metrics.py"]})
-    write_blocks(project, {"data.py": blocks["data.py"], "model.py": blocks["model.py"]}, append=("data.py", "model.py"))
+    write_blocks(
+        project, {"data.py": blocks["data.py"], "model.py": blocks["model.py"]}, append=("data.py", "model.py")
+    )
     if gather == "local-only":  # the naive version: each rank's negatives are its own samples only
         edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
     flags = ("--epochs", "2", "--global-batch-size", "32")
@@ -245,8 +251,12 @@ def test_a_lazily_opened_file_gives_the_same_run_with_and_without_workers(tmp_pa
     # worker, and their seeks and reads would interleave.
     project = tmp_path / "lazy"
     assert looptpl("new", str(project), "--backend", "torch", "--strategy", "single", "--no-git").exit_code == 0
-    (project / "src" / "lazy" / "data.py").write_text((project / "src" / "lazy" / "data.py").read_text() + LAZY_FILE_DATA)
+    (project / "src" / "lazy" / "data.py").write_text(
+        (project / "src" / "lazy" / "data.py").read_text() + LAZY_FILE_DATA
+    )
     for workers in ("0", "2", "2"):
-        train_torch(project, tmp_path / f"run{len(list(tmp_path.glob('run*')))}", "--epochs", "2", "--num-workers", workers)
+        train_torch(
+            project, tmp_path / f"run{len(list(tmp_path.glob('run*')))}", "--epochs", "2", "--num-workers", workers
+        )
     weights = [trained_weights(run_dir) for run_dir in sorted(tmp_path.glob("run?"))]
     assert relative_difference(weights[0], weights[1]) == 0 and relative_difference(weights[0], weights[2]) == 0
