@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from conftest import REPO_ROOT, answers, looptpl, run
+from conftest import REPO_ROOT, answers, looptpl, run, user_files
 
 from looptpl import __version__
 from looptpl.variants import VARIANTS
@@ -223,6 +223,93 @@ def test_todo_outside_a_project_is_a_clear_error(tmp_path):
     assert "is not a looptpl project" in result.stderr
 
 
+# --- examples: `looptpl new DEST --example NAME` ----------------------------------------------------
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def test_list_shows_every_example_with_its_variant_and_what_it_trains():
+    result = looptpl("list")
+    assert result.exit_code == 0
+    lines = result.stdout.split("Examples")[1].splitlines()
+    folders = sorted(path.name for path in EXAMPLES.iterdir() if (path / ".copier-answers.yml").is_file())
+    assert folders and len(folders) == len(list(EXAMPLES.iterdir()))
+    for folder in folders:
+        variant = "{backend}/{strategy}".format(**answers(EXAMPLES / folder))
+        line = next(line for line in lines if line.split()[:1] == [folder])
+        assert variant in line and len(line.split(variant)[1].strip()) > 20  # the one-liner
+
+
+def test_new_from_an_example_takes_its_files_renamed_and_commits_them(tmp_path):
+    example = EXAMPLES / "torch-gan-ddp"
+    destination = tmp_path / "mine"
+    result = looptpl("new", str(destination), "--example", "torch-gan-ddp", "--name", "my-gan")
+    assert result.exit_code == 0, result.stderr
+    assert "Created" in result.stdout and "torchrun" in result.stdout
+    recorded = answers(destination)
+    assert (recorded["backend"], recorded["strategy"], recorded["package_name"]) == ("torch", "ddp", "my_gan")
+    assert recorded["description"] == answers(example)["description"]
+    theirs, ours = example / "src" / "gan_ddp", destination / "src" / "my_gan"
+    names = user_files(theirs)
+    assert names == {"data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py"}
+    for name in names:
+        text = (ours / name).read_text()
+        assert text == (theirs / name).read_text().replace("gan_ddp", "my_gan"), name
+        assert "gan_ddp" not in text
+    for test_file in (example / "tests").glob("*.py"):  # its tests come too, about the new package
+        expected = test_file.read_text().replace("gan_ddp", "my_gan")
+        assert (destination / "tests" / test_file.name).read_text() == expected
+    assert '"scikit-learn>=1.3"' in (destination / "pyproject.toml").read_text()  # the dependency its data needs
+    assert not (ours / "__pycache__").exists()
+    # All of it is the project's first commit, so `looptpl update` treats the example's files as the user's.
+    git = ["git", "-C", str(destination)]
+    assert len(subprocess.run([*git, "log", "--oneline"], capture_output=True, text=True).stdout.splitlines()) == 1
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    todo = looptpl("todo", str(destination))
+    assert todo.exit_code == 0 and "No TODOs left." in todo.stdout
+
+
+def test_new_from_an_example_keeps_its_package_name_by_default_and_dry_runs(tmp_path):
+    result = looptpl("new", str(tmp_path / "digits"), "--example", "torch-digits-ddp", "--defaults", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "src/digits/data.py" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+EXAMPLE_MISTAKES = {
+    "unknown example": (["--example", "mnist"], "--example mnist is not an example; choose one of: tf-digits-mirrored"),
+    "conflicting strategy": (
+        ["--example", "torch-gan-ddp", "--strategy", "fsdp"],
+        "--strategy fsdp conflicts with --example torch-gan-ddp, a torch/ddp project; drop --strategy",
+    ),
+    "conflicting backend": (
+        ["--example", "tf-digits-mirrored", "--backend", "torch"],
+        "--backend torch conflicts with --example tf-digits-mirrored, a tensorflow/mirrored project",
+    ),
+}
+
+
+@pytest.mark.parametrize("flags, message", EXAMPLE_MISTAKES.values(), ids=EXAMPLE_MISTAKES.keys())
+def test_a_wrong_example_is_one_line_and_writes_nothing(tmp_path, flags, message):
+    result = looptpl("new", str(tmp_path / "proj"), *flags)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_example_that_names_its_package_outside_an_import_is_not_guessed(tmp_path):
+    from looptpl.errors import LooptplError
+    from looptpl.examples import Example, _rename_package
+
+    example = Example("demo", tmp_path, {"backend": "torch", "strategy": "ddp", "package_name": "demo_pkg"})
+    code = "from demo_pkg.config import TrainConfig\nimport demo_pkg.data as d\n"
+    renamed = _rename_package(example, Path("src/demo_pkg/model.py"), code, "mine")
+    assert renamed == "from mine.config import TrainConfig\nimport mine.data as d\n"
+    with pytest.raises(LooptplError, match=r"src/demo_pkg/data.py:2 names its package 'demo_pkg' outside an import"):
+        _rename_package(example, Path("src/demo_pkg/data.py"), 'x = 1\nPATH = "demo_pkg/file.csv"\n', "mine")
+
+
 # --- a person at a terminal: questions, progress, shell completion -------------------------------
 
 
@@ -307,7 +394,23 @@ def fake_install(site: Path) -> Path:
     (package / "_template").mkdir()
     shutil.copy(REPO_ROOT / "copier.yml", package / "_template")
     shutil.copytree(REPO_ROOT / "templates", package / "_template" / "templates")
+    caches = shutil.ignore_patterns("__pycache__", ".ruff_cache", ".mypy_cache", ".pytest_cache", "runs")
+    shutil.copytree(REPO_ROOT / "examples", package / "_template" / "examples", ignore=caches)
     return site
+
+
+def test_an_installed_looptpl_lists_and_renders_its_examples(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(fake_install(tmp_path / "site")), "LOOPTPL_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "looptpl"]
+    listed = subprocess.run([*command, "list"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "torch-charlm-ddp" in listed.stdout, listed.stderr
+    created = subprocess.run(
+        [*command, "new", "lm", "--example", "torch-charlm-ddp", "--no-git"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    data = (tmp_path / "lm" / "src" / "lm" / "data.py").read_text()
+    assert data == (EXAMPLES / "torch-charlm-ddp" / "src" / "charlm_ddp" / "data.py").read_text()
 
 
 def test_storing_the_template_shows_progress_on_a_terminal_only(tmp_path):

@@ -76,6 +76,13 @@ def complete_strategy(ctx: typer.Context, incomplete: str) -> list[tuple[str, st
     ]
 
 
+def complete_example(incomplete: str) -> list[tuple[str, str]]:
+    """Shell completion for --example: the examples this looptpl ships, with what each trains."""
+    from looptpl.examples import list_examples
+
+    return [(example.name, example.summary) for example in list_examples() if example.name.startswith(incomplete)]
+
+
 @app.command()
 @reports_errors
 def new(
@@ -121,18 +128,27 @@ def new(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the files that would be created; write nothing.")
     ] = False,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from a finished example (`looptpl list` shows them): its backend and strategy, and its data, "
+            "model, loss, metrics, optimizer, step and settings files in place of the TODOs, renamed to your package.",
+            autocompletion=complete_example,
+        ),
+    ] = None,
 ) -> None:
     """Create a new training project from the template; in a terminal, asks for what the flags leave out."""
+    from looptpl.examples import find_example
     from looptpl.gitcmd import enclosing_repository
-    from looptpl.questions import parse_data, settle_answers
+    from looptpl.questions import add_example, merge_flags, parse_data, settle_answers
     from looptpl.render import RenderRequest, render_project
     from looptpl.validation import check_destination, nearest_existing_parent
 
     check_destination(destination)  # before any question: nobody wants to answer and then hear "not empty"
-    given = parse_data(data or [])
-    for key, value in (("backend", backend), ("strategy", strategy), ("project_name", name)):
-        if value is not None:
-            given[key] = value
+    given = merge_flags(parse_data(data or []), {"backend": backend, "strategy": strategy, "project_name": name})
+    chosen = find_example(example) if example is not None else None
+    if chosen is not None:
+        given = add_example(given, chosen)
     answers = settle_answers(
         destination,
         given,
@@ -142,13 +158,19 @@ def new(
     )
     # Inside another repository (a monorepo, say) the project joins it instead of nesting a second one.
     enclosing = enclosing_repository(nearest_existing_parent(destination)) if git and not dry_run else None
-    request = RenderRequest(destination=destination, answers=answers, git=git and enclosing is None, dry_run=dry_run)
+    request = RenderRequest(
+        destination=destination,
+        answers=answers,
+        git=git and enclosing is None,
+        dry_run=dry_run,
+        example=chosen,
+    )
     files = render_project(request)
     if dry_run:
         typer.echo(f"Would create {destination} with {len(files)} files:")
         typer.echo("\n".join(f"  {path}" for path in files))
         return
-    report_created(destination, answers)
+    report_created(destination, answers, chosen.name if chosen else None)
     if enclosing is not None:
         typer.echo(
             f"{destination} lies inside the git repository {enclosing}, so it got no repository of its own: "
@@ -156,7 +178,7 @@ def new(
         )
 
 
-def report_created(destination: Path, answers: dict[str, str]) -> None:
+def report_created(destination: Path, answers: dict[str, str], example: str | None = None) -> None:
     """Tell the user what they got and what to run next."""
     package, strategy = answers["package_name"], answers["strategy"]
     launch = {
@@ -172,20 +194,34 @@ def report_created(destination: Path, answers: dict[str, str]) -> None:
     typer.echo('  pip install -e ".[test]"')
     typer.echo(f"  {launch}")
     typer.echo("  pytest")
-    typer.echo(f"Then fill the TODOs in src/{package}/ (`looptpl todo` lists them).")
+    if example is None:
+        typer.echo(f"Then fill the TODOs in src/{package}/ (`looptpl todo` lists them).")
+    else:
+        typer.echo(f"Its files in src/{package}/ are example {example}'s: edit them to make it yours.")
 
 
 @app.command("list")
 @reports_errors
 def list_variants() -> None:
-    """Show every backend and strategy, when to use it, and how its project is launched."""
+    """Show every backend and strategy, when to use it, and how its project is launched; then the examples."""
     from rich.console import Console
     from rich.table import Table
 
+    from looptpl.examples import list_examples
+
+    console = Console()
     table = Table("backend", "strategy", "when to use it", "launch", box=None)
     for variant in VARIANTS:
         table.add_row(variant.backend, variant.strategy, variant.when, variant.launch)
-    Console().print(table)
+    console.print(table)
+    examples = list_examples()
+    if examples:
+        console.print("\nExamples (looptpl new DEST --example NAME):")
+        width = max(len(example.name) for example in examples)
+        for example in examples:
+            # Plain lines, not a table: each stays one line that scripts and tests can read.
+            line = f"  {example.name:<{width}}  {example.backend}/{example.strategy}  {example.summary}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

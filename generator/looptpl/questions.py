@@ -9,6 +9,7 @@ project name falls back to the folder name and the description to the template's
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -23,7 +24,11 @@ from looptpl.validation import (
 )
 from looptpl.variants import BACKENDS, VARIANTS, backend_of, check_backend, find_variant, strategies
 
+if TYPE_CHECKING:
+    from looptpl.examples import Example
+
 QUESTIONS = ("project_name", "package_name", "description", "backend", "strategy")
+FLAGS = {"backend": "--backend", "strategy": "--strategy", "project_name": "--name"}  # questions with their own flag
 
 
 def parse_data(items: Sequence[str]) -> dict[str, str]:
@@ -34,6 +39,37 @@ def parse_data(items: Sequence[str]) -> dict[str, str]:
         if not separator or key not in QUESTIONS:
             raise LooptplError(f"--data {item!r} must be KEY=VALUE with KEY one of: {', '.join(QUESTIONS)}")
         answers[key] = value
+    return answers
+
+
+def merge_flags(data: dict[str, str], flags: dict[str, str | None]) -> dict[str, str]:
+    """The answers from --data and from the flags (`{"backend": "torch", ...}`); the two must not disagree."""
+    given = dict(data)
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in data and data[key] != value:
+            flag = FLAGS[key]
+            raise LooptplError(
+                f"{flag} {value} and --data {key}={data[key]} disagree; pass only one of them (or give both the "
+                "same value)"
+            )
+        given[key] = value
+    return given
+
+
+def add_example(given: dict[str, str], example: "Example") -> dict[str, str]:
+    """The answers for `--example`: its backend and strategy (a different one given is an error) and description."""
+    answers = dict(given)
+    for key, value in (("backend", example.backend), ("strategy", example.strategy)):
+        if answers.get(key, value) != value:
+            raise LooptplError(
+                f"{FLAGS[key]} {answers[key]} conflicts with --example {example.name}, a {example.backend}/"
+                f"{example.strategy} project; drop {FLAGS[key]} (the example sets it) or choose another example"
+            )
+        answers[key] = value
+    if "description" not in answers and not description_problem(example.summary):
+        answers["description"] = example.summary
     return answers
 
 
@@ -74,7 +110,7 @@ def settle_answers(
         if "project_name" not in answers:
             answers["project_name"] = _ask_project_name(destination, "package_name" in answers)
         if "description" not in answers:
-            answers["description"] = _ask("Description", _template_default("description"), description_problem)
+            answers["description"] = _ask("Description", template_default("description"), description_problem)
     else:
         if not defaults:
             _require(backend, strategy)
@@ -160,7 +196,7 @@ def _ask_project_name(destination: Path, package_given: bool) -> str:
     return _ask("Project name", None if problem(folder) else folder, problem)
 
 
-def _template_default(question: str) -> str:
+def template_default(question: str) -> str:
     """A question's default as copier.yml states it (read here, so the two cannot disagree)."""
     import yaml
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from looptpl.errors import LooptplError
+from looptpl.examples import Example, apply_example
 from looptpl.gitcmd import git, identity_if_missing
 from looptpl.store import installed_template
 from looptpl.validation import check_destination, nearest_existing_parent
@@ -25,6 +26,7 @@ class RenderRequest:
     answers: Mapping[str, Any]  # every question answered: copier asks nothing
     git: bool
     dry_run: bool
+    example: Example | None = None  # laid over the render before the first commit
 
 
 def render_project(request: RenderRequest) -> list[str]:
@@ -41,6 +43,8 @@ def render_project(request: RenderRequest) -> list[str]:
         # Render under the final folder name: the template uses it as the default project name.
         staged_project = staging / request.destination.name
         _copier_copy(staged_project, request.answers)
+        if request.example is not None:
+            apply_example(request.example, staged_project, request.answers["package_name"])
         files = sorted(str(path.relative_to(staged_project)) for path in staged_project.rglob("*") if path.is_file())
         if request.dry_run:
             return files

@@ -1,4 +1,4 @@
-"""Where the Copier template lives: inside the installed package, or at the root of a checkout."""
+"""Where the Copier template and the examples live: inside the installed package, or at the root of a checkout."""
 
 from pathlib import Path
 
@@ -13,6 +13,12 @@ def template_root() -> Path:
         if (candidate / "copier.yml").is_file() and (candidate / "templates").is_dir():
             return candidate
     raise LooptplError("the looptpl template is missing from this installation; reinstall looptpl", exit_code=1)
+
+
+def examples_root() -> Path | None:
+    """The folder of finished examples beside the template (a wheel ships it as `_template/examples`), if any."""
+    folder = template_root() / "examples"
+    return folder if folder.is_dir() else None
 
 
 def is_git_checkout(root: Path) -> bool:
