@@ -19,9 +19,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-# 1257 training samples = 31 global batches of 40 + a last one of 17: on 2 replicas (20 samples
-# each), replica 0 gets all 17 and replica 1 none. 270 validation samples in batches of 100 per
-# replica: the last step gives 70 to replica 0 and none to replica 1.
+# 1003 training samples = 25 global batches of 40 + a last one of 3: on 2 replicas (20 samples
+# each), replica 0 gets all 3 and replica 1 none. 251 validation samples in batches of 100 per
+# replica: the last step gives 51 to replica 0 and none to replica 1.
 TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100")
 
 

@@ -1,22 +1,24 @@
 """Run configuration: one typed dataclass, its command line, and its checks.
 
-Managed by the looptpl template: put your own code in model.py, data.py, loss.py, metrics.py
-and optim.py.
+Managed by the looptpl template: put your own settings in settings.py.
 """
 
 import argparse
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
+from .settings import DEFAULTS, Settings
 
 
 @dataclass
-class TrainConfig:
-    """Every setting of a run. Each field is a command-line flag: `global_batch_size` is
-    `--global-batch-size`, and a boolean `progress` is switched off with `--no-progress`."""
+class TrainConfig(Settings):
+    """Every setting of a run: yours from settings.py, then the template's. Each field is a
+    command-line flag: `global_batch_size` is `--global-batch-size`, and a boolean `progress` is
+    switched off with `--no-progress`."""
 
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
     global_batch_size: int = field(
@@ -127,6 +129,10 @@ class TrainConfig:
             )
         if self.keep_checkpoints < 1:
             raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if not 0 <= self.seed < 2**31:  # Keras takes 32-bit seeds
+            raise ConfigError(f"--seed must be between 0 and 2147483647, got {self.seed}")
+        if self.shuffle_buffer > 2**40:
+            raise ConfigError(f"--shuffle-buffer must be at most the train set's size, got {self.shuffle_buffer}")
 
     def check_batch_split(self, replicas: int) -> int:
         """Return the per-replica micro-batch size, or explain why the global batch does not split."""
@@ -163,24 +169,50 @@ def flag(name: str) -> str:
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Build the config from the command line (every field is a flag) and validate it."""
+    """Build the config from the command line (every field is a flag) and validate it.
+
+    settings.py's DEFAULTS replace the template's defaults; a flag given on the command line wins.
+    """
     parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
     types = typing.get_type_hints(TrainConfig)
+    template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
+    clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
+    if clashes:
+        parser.error(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it in Settings")
+    unknown = [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]
+    if unknown:
+        parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
     for item in dataclasses.fields(TrainConfig):
-        kind, help_text = types[item.name], item.metadata["help"]
+        kind, help_text = types[item.name], item.metadata.get("help", "")
+        default = DEFAULTS.get(item.name, item.default)
+        if item.name in DEFAULTS and item.name in template_fields:
+            help_text += " (settings.py sets the default)"
         if kind is bool:
             parser.add_argument(
-                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=item.default, help=help_text
+                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=default, help=help_text
             )
         elif typing.get_origin(kind) is Literal:
-            parser.add_argument(
-                f"--{flag(item.name)}", choices=typing.get_args(kind), default=item.default, help=help_text
-            )
+            parser.add_argument(f"--{flag(item.name)}", choices=typing.get_args(kind), default=default, help=help_text)
         else:
-            parser.add_argument(f"--{flag(item.name)}", type=kind, default=item.default, help=help_text)
+            parser.add_argument(f"--{flag(item.name)}", type=_number(kind), default=default, help=help_text)
     config = TrainConfig(**vars(parser.parse_args(argv)))
     try:
         config.validate()
     except ConfigError as error:
         parser.error(str(error))
     return config
+
+
+def _number(kind: type) -> typing.Callable[[str], object]:
+    """int, float or str parsing, where floats refuse nan and inf (`--lr nan` would silently train nothing)."""
+    if kind is not float:
+        return kind
+
+    def finite_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(text)
+        return value
+
+    finite_float.__name__ = "finite float"
+    return finite_float

@@ -38,3 +38,8 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
         return tf.data.Dataset.from_tensor_slices((images[rows], labels[rows]))
 
     return make_split(train), make_split(val), make_split(test)
+
+
+def make_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """Stack the (image, label) samples into batches."""
+    return dataset.batch(batch_size)

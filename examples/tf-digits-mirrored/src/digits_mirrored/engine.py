@@ -1,7 +1,7 @@
 """The training loop: train and validate every epoch, checkpoint, then test.
 
-Managed by the looptpl template: put your own code in model.py, data.py, loss.py, metrics.py
-and optim.py.
+Managed by the looptpl template: put your own code in step.py, model.py, data.py, loss.py,
+metrics.py, optim.py and settings.py.
 """
 
 import math
@@ -17,19 +17,18 @@ from .checkpoint import Checkpointer, ConfigState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .errors import TrainingError
-from .loss import per_sample_loss
-from .metrics import build_metrics
+from .evaluation import Evaluator, finite_or_raise
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import distribute_eval, distribute_train, split_size
-from .train_step import TrainStep, check_per_sample
+from .stages import Stage, build_stages, split_models
+from .train_step import TrainStep
 
-SUM = tf.distribute.ReduceOp.SUM
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 class Trainer:
-    """Owns the model, the optimizer and the distributed datasets of one run."""
+    """Owns the models, the optimizers and the distributed datasets of one run."""
 
     def __init__(
         self, config: TrainConfig, runtime: Runtime, datasets: tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]
@@ -40,8 +39,7 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.train_set, val_set, test_set = datasets
         self.train_size = split_size(self.train_set, "train")
-        self.updates_per_epoch = -(-self.train_size // config.global_batch_size)  # the last batch may be short
-        self.eval_sets = {
+        eval_sets = {
             "val": distribute_eval(self.strategy, val_set, "val", config.eval_batch_size),
             "test": distribute_eval(self.strategy, test_set, "test", config.eval_batch_size),
         }
@@ -52,26 +50,31 @@ class Trainer:
         # Everything that holds variables is created under the strategy's scope, which places each
         # variable (one copy per replica, kept in sync) and ties it to the strategy.
         with self.strategy.scope():
-            self.model = build_model(config)
+            self.models = build_model(config)
+            # Models without trainable weights (a distillation teacher) are only run: no optimizer,
+            # not in the checkpoints (model.py loads their weights).
+            trained, _ = split_models(self.models)
+            # With several optimizers every update trains on a whole global batch: the short last
+            # one of an epoch is left out (a different one each epoch, as the order is reshuffled).
+            self.whole_batches = len(trained) > 1
+            self.updates_per_epoch, self.samples_per_epoch = self.epoch_size()
             schedule = build_schedule(config, self.updates_per_epoch * config.epochs)
-            self.optimizer = build_optimizer(config, schedule)
-            if config.precision == "fp16":
-                # fp16 gradients can underflow: the loss is scaled up before backprop; an update with
-                # inf/NaN gradients is skipped and the scale lowered.
-                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-            self.optimizer.build(self.model.trainable_variables)  # its state must exist before a restore
-            self.eval_loss = keras.metrics.Mean(name="loss")
-            self.eval_metrics = build_metrics()
+            # One stage per optimizer, each updating the model of the same name (stages.py).
+            self.stages = build_stages(build_optimizer(config, schedule), trained, config.precision == "fp16")
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # optimizer updates applied
-            self.train_step = TrainStep(config, runtime, self.model, self.optimizer, (self.epoch, self.step))
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
+            self.train_step = TrainStep(config, runtime, self.models, self.stages, (self.epoch, self.step))
             self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
             self.saved_config = ConfigState(config)
+            # The trained models and their optimizers, by name with several (the checkpoint's keys).
+            one = len(self.stages) == 1
+            self.trained = self.stages[0].model if one else {stage.name: stage.model for stage in self.stages}
+            optimizers = self.stages[0].optimizer if one else {stage.name: stage.optimizer for stage in self.stages}
             self.checkpointer = Checkpointer(
                 self.run_dir,
                 config.keep_checkpoints,
-                model=self.model,
-                optimizer=self.optimizer,
+                model=self.trained,
+                optimizer=optimizers,
                 epoch=self.epoch,
                 step=self.step,
                 early_stopping=self.early_stopping,
@@ -79,105 +82,81 @@ class Trainer:
             )
         self.logger = MetricLogger(self.run_dir) if runtime.is_chief else None
         self.progress = ProgressBar(config.progress and runtime.is_chief)
+        sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
+        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes)
 
-        # The evaluation steps are traced once each, like the train step (train_step.py).
-        self.distributed_val_step = tf.function(
-            self._distributed_eval_step, input_signature=[self.eval_sets["val"].element_spec]
-        )
-        self.distributed_test_step = tf.function(
-            self._distributed_eval_step, input_signature=[self.eval_sets["test"].element_spec]
-        )
-
-    def _distributed_eval_step(self, batch: Any) -> tf.Tensor:
-        """Update the metrics with one evaluation batch per replica; returns its number of samples."""
-        samples = self.strategy.run(self.eval_step, args=(batch,))
-        return self.strategy.reduce(SUM, samples, axis=None)
-
-    def eval_step(self, batch: Any) -> tf.Tensor:
-        inputs, targets = batch
-
-        def update_metrics() -> None:
-            outputs = self.model(inputs, training=False)
-            self.eval_loss.update_state(check_per_sample(per_sample_loss(outputs, targets)))
-            for metric in self.eval_metrics.values():
-                metric.update_state(targets, outputs)
-
-        # An empty batch (a replica left without samples at the end) adds nothing, so the model is
-        # not run on it: some kernels mishandle empty batches (train_step.py says more).
-        tf.cond(tf.shape(targets)[0] > 0, update_metrics, lambda: None)
-        return tf.shape(targets)[0]
+    def epoch_size(self) -> tuple[int, int]:
+        """Updates and samples trained per epoch: the last global batch is short, or left out."""
+        full, rest = divmod(self.train_size, self.config.global_batch_size)
+        if self.whole_batches or rest == 0:
+            return full, full * self.config.global_batch_size
+        return full + 1, self.train_size
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One pass over the training set; returns the mean training loss (and the skipped updates)."""
+        """One pass over the training set; returns the mean training loss of each stage (and the skipped updates)."""
         self.progress.start(epoch + 1, self.config.epochs, self.updates_per_epoch)
-        # Summed over the epoch and since the last check: loss, samples of applied updates, all
-        # samples, skipped updates (train_step.py).
-        epoch_totals = window = tf.zeros([4], tf.float64)
-        batches = iter(distribute_train(self.strategy, self.train_set, self.config, epoch))
+        # Summed over the epoch and since the last check, one row per stage: loss total and weight
+        # of applied updates, all weight, skipped updates (train_step.py).
+        epoch_totals = window = tf.zeros([len(self.stages), 4], tf.float64)
+        samples = 0
+        dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch)
+        batches = iter(dataset)
         updates, log_every = 0, self.config.log_every
         while updates < self.updates_per_epoch:
             count = min(self.config.steps_per_call, self.updates_per_epoch - updates)
             try:
-                totals = self.train_step.call(batches, tf.constant(count))
+                totals, call_samples = self.train_step.call(batches, tf.constant(count))
             except tf.errors.OutOfRangeError:
                 raise TrainingError(
                     f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
                     "data.py must give the same samples every epoch"
                 ) from None
             epoch_totals, window = epoch_totals + totals, window + totals
+            samples += int(call_samples)
             updates += count
             # Progress and the NaN check at the end of each call that passes a multiple of --log-every.
             if updates // log_every > (updates - count) // log_every or updates == self.updates_per_epoch:
-                if self.train_step.gave_up():
-                    raise TrainingError(self._not_finite_message(epoch))
-                loss_sum, kept, _, _ = window.numpy()
-                self.progress.update(updates, int(epoch_totals[2]), loss_sum / max(1.0, kept))
-                window = tf.zeros([4], tf.float64)
+                stage = self.train_step.gave_up()
+                if stage is not None:
+                    raise TrainingError(self._not_finite_message(epoch, stage))
+                total, kept, _, _ = window[0].numpy()
+                self.progress.update(updates, samples, total / max(1e-12, kept))
+                window = tf.zeros_like(window)
         self.progress.finish()
-        loss_sum, kept, samples, skipped = epoch_totals.numpy()
-        if samples != self.train_size:
-            raise TrainingError(f"trained on {samples:.0f} samples this epoch, expected {self.train_size}")
-        result = {"train_loss": loss_sum / kept if kept else math.nan}
+        if samples != self.samples_per_epoch:
+            raise TrainingError(
+                f"trained on {samples} samples this epoch, expected {self.samples_per_epoch}; data.py's make_batches "
+                "must keep every sample"
+            )
+        result: dict[str, float] = {}
+        for stage, (total, kept, _, _) in zip(self.stages, epoch_totals.numpy(), strict=True):
+            result[self._loss_name(stage)] = total / kept if kept else math.nan
         if self.config.nan_policy == "skip":
-            result["skipped_updates"] = int(skipped)
+            result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
         return result
 
-    def _not_finite_message(self, epoch: int) -> str:
+    def _loss_name(self, stage: Stage) -> str:
+        return "train_loss" if len(self.stages) == 1 else f"train_{stage.name}_loss"
+
+    def _not_finite_message(self, epoch: int, stage: Stage) -> str:
         """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
         where, advice = f"epoch {epoch + 1}, step {int(self.step.numpy())}", "lower --lr, check your data for NaN/inf"
+        which = "" if len(self.stages) == 1 else f"the {stage.name} "
         if self.config.nan_policy == "skip":
             skips = self.config.max_consecutive_skips + 1
             return (
-                f"the loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights have "
-                f"diverged: {advice}, or use --precision fp32"
+                f"{which or 'the '}loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights "
+                f"have diverged: {advice}, or use --precision fp32"
             )
-        loss = float(self.train_step.skipped_loss.numpy())
-        problem = f"training loss is {loss}"
+        loss = float(stage.skipped_loss.numpy())
+        problem = f"{which}training loss is {loss}"
         if math.isfinite(loss):  # the loss was fine, its gradients were not
-            problem = f"the gradients are NaN/inf (training loss {loss:.4g})"
+            problem = f"the {which}gradients are NaN/inf (training loss {loss:.4g})"
         return f"{problem} at {where}; {advice}, or use --precision fp32"
 
-    def _check_finite(self, name: str, value: float, epoch: int) -> None:
-        if not math.isfinite(value):
-            raise TrainingError(
-                f"{name} is {value} at epoch {epoch + 1}, step {int(self.step.numpy())}; lower --lr, check your data "
-                "for NaN/inf, or use --precision fp32"
-            )
-
     def evaluate(self, split: str) -> dict[str, float]:
-        """Mean loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
-        metrics = {"loss": self.eval_loss, **self.eval_metrics}
-        for metric in metrics.values():
-            metric.reset_state()
-        step = self.distributed_val_step if split == "val" else self.distributed_test_step
-        samples = 0
-        for batch in self.eval_sets[split]:
-            samples += int(step(batch))
-        # Each replica updated its own copy of every metric with its own samples; result() first
-        # sums the copies over all replicas (an all-reduce), so each sample counts once.
-        results = {f"{split}_{name}": float(metric.result()) for name, metric in metrics.items()}
-        results[f"{split}_samples"] = samples
-        return results
+        """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
+        return self.evaluator.evaluate(split)
 
     def resume(self) -> None:
         """Continue from the latest checkpoint in the run directory."""
@@ -197,15 +176,15 @@ class Trainer:
         for epoch in range(int(self.epoch.numpy()), self.config.epochs):
             epoch_started = time.perf_counter()
             record: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch), **self.evaluate("val")}
-            samples_trained += self.train_size
-            record.update(step=int(self.step.numpy()), lr=float(self.optimizer.learning_rate))
+            samples_trained += self.samples_per_epoch
+            record.update(step=int(self.step.numpy()), lr=float(self.stages[0].optimizer.learning_rate))
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
             if self.config.monitor not in record:
                 raise TrainingError(
                     f"--monitor {self.config.monitor} is not a logged metric; choose one of "
                     + ", ".join(name for name in record if name.startswith(("train_", "val_")))
                 )
-            self._check_finite("validation loss", record["val_loss"], epoch)  # never checkpoint NaN weights
+            finite_or_raise(record, f"epoch {epoch + 1}")  # never checkpoint NaN weights or pick them as the best
             is_best = self.early_stopping.update(record[self.config.monitor], epoch + 1)
             self.epoch.assign(epoch + 1)
             if self.logger is not None:
@@ -222,7 +201,7 @@ class Trainer:
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) weights on the test set and return the summary."""
         tested = "last"
-        if self.config.test_on == "best" and self.checkpointer.restore_best_weights(self.model):
+        if self.config.test_on == "best" and self.checkpointer.restore_best_weights(self.trained):
             tested = f"best (epoch {int(self.early_stopping.best_epoch.numpy())})"
         summary: dict[str, Any] = {
             "epochs_run": int(self.epoch.numpy()),
@@ -234,6 +213,7 @@ class Trainer:
             **self.evaluate("test"),
             "train_samples_per_s": round(samples_per_second, 1),
         }
+        finite_or_raise(summary, "the final test")
         if self.logger is not None:
             self.logger.close()
         return summary

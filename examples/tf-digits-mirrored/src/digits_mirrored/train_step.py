@@ -1,10 +1,10 @@
 """The optimizer updates, compiled: loss scaling, all-reduce, clipping and the NaN policy.
 
-Managed by the looptpl template: put your own code in model.py, loss.py and optim.py. engine.py
-calls a TrainStep for --steps-per-call updates at a time; everything here runs inside one
-tf.function.
+Managed by the looptpl template: put your own code in step.py and optim.py. engine.py calls a
+TrainStep for --steps-per-call updates at a time; everything here runs inside one tf.function.
 """
 
+import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -12,187 +12,236 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .distributed import Runtime
-from .errors import DataError
-from .loss import per_sample_loss
+from .errors import StepError, user_code_error
+from .stages import Stage
+from .step import train_step
 
 SUM = tf.distribute.ReduceOp.SUM
 
 
 class TrainStep:
-    """Applies updates; `call(batches, count)` returns their summed [loss, samples kept, samples, skipped].
+    """Applies updates; `call(batches, count)` returns their summed totals and samples.
 
-    "Kept" counts the samples of applied updates: a skipped update's loss is left out of train_loss.
-    Build it under `strategy.scope()`: its counters are variables kept alike on every replica.
+    The totals hold one row per stage (optimizer): [loss total kept, weight kept, weight, updates
+    skipped], where "kept" counts applied updates only: a skipped update's loss is left out of the
+    training loss. Build it under `strategy.scope()`: its counters are variables kept alike on every replica.
     """
 
     def __init__(
         self,
         config: TrainConfig,
         runtime: Runtime,
-        model: keras.Model,
-        optimizer: keras.optimizers.Optimizer,
+        models: keras.Model | dict[str, keras.Model],
+        stages: list[Stage],
         counters: tuple[tf.Variable, tf.Variable],
     ) -> None:
         self.config = config
         self.strategy = runtime.strategy
-        self.model = model
-        self.optimizer = optimizer
-        self.epoch, self.step = counters  # epochs completed, optimizer updates applied
-        self.replicas = self.strategy.num_replicas_in_sync
-        self.micro_batch_size = config.check_batch_split(self.replicas)
+        self.models = models  # what model.py built, handed to step.py as it is
+        self.stages = stages
+        self.epoch, self.step = counters  # epochs completed, updates applied (by any stage)
+        self.micro_batch_size = config.check_batch_split(self.strategy.num_replicas_in_sync)
         # --nan-policy stop allows no skipped update: the first one stops the run.
         self.allowed_skips = config.max_consecutive_skips if config.nan_policy == "skip" else 0
         self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
-        self.skips_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.skipped_loss = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # of the last skipped update
         # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
-        # but the batch size, so the short last batch (or a replica whose batch is empty) runs the
-        # same graph, not a retrace.
+        # but the batch size, so the short last batch runs the same graph, not a retrace.
         self.call = tf.function(self._updates)
 
-    def gave_up(self) -> bool:
-        """Whether more updates in a row were skipped than the NaN policy allows."""
-        return int(self.skips_in_a_row.numpy()) > self.allowed_skips
+    def gave_up(self) -> Stage | None:
+        """The stage that skipped more updates in a row than the NaN policy allows, if any."""
+        return next((stage for stage in self.stages if int(stage.skips_in_a_row.numpy()) > self.allowed_skips), None)
 
-    def _updates(self, batches: Iterator, count: tf.Tensor) -> tf.Tensor:
+    def _updates(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`count` updates, one per global batch taken from `batches`, in a loop inside the graph.
 
         Python runs once per call, not once per update: for a small model, per-update Python
         overhead would cost as much as the update itself.
         """
-        totals = tf.zeros([4], tf.float64)
+        totals = tf.zeros([len(self.stages), 4], tf.float64)
+        samples = tf.constant(0, tf.int64)
         for _ in tf.range(count):
-            totals += self._update(next(batches))
-        return totals
+            update_totals, update_samples = self._update(next(batches))
+            totals += update_totals
+            samples += update_samples
+        return totals, samples
 
-    def _update(self, batch: Any) -> tf.Tensor:
-        """One update on one global batch; returns its [loss, samples kept, samples, skipped]."""
-        grads, loss_sum, samples, finite = self.strategy.run(self.compute_gradients, args=(batch,))
-        loss_sum = self.strategy.reduce(SUM, loss_sum, axis=None)
-        samples = self.strategy.reduce(SUM, samples, axis=None)
-        # Each replica computed `finite` from the same all-reduced sums, so they all agree.
-        finite = self.strategy.experimental_local_results(finite)[0]
-        # An update with a NaN/inf loss or gradient is skipped on every replica alike: the weights,
-        # the optimizer state, the step counter and so the schedule stay as they were. Once more
-        # updates in a row are skipped than allowed, nothing is applied any more and the engine
-        # stops the run.
-        apply = finite & (self.skips_in_a_row <= self.allowed_skips)
-        # The cond is taken here, outside strategy.run: apply_gradients calls into the cross-replica
-        # context, which TensorFlow does not allow from a cond taken inside a replica.
-        tf.cond(
-            apply,
-            lambda: self.strategy.run(self.apply_gradients, args=(grads,)),
-            lambda: self._skip(loss_sum / tf.maximum(samples, 1.0)),
-        )
-        self.step.assign_add(tf.cast(apply, tf.int64))
-        self.skips_in_a_row.assign(tf.where(apply, tf.zeros_like(self.skips_in_a_row), self.skips_in_a_row + 1))
-        kept = tf.cast(apply, tf.float64)
-        return tf.stack([tf.where(apply, loss_sum, tf.zeros_like(loss_sum)), kept * samples, samples, 1.0 - kept])
+    def _update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """One update of every stage on one global batch; returns its totals and samples."""
+        sums, applied, rows = self.strategy.run(self._replica_update, args=(batch,))
+        # Every replica holds the same all-reduced sums and decisions: take the first one's.
+        sums = self.strategy.experimental_local_results(sums)[0]
+        applied = self.strategy.experimental_local_results(applied)[0]
+        self.step.assign_add(tf.cast(tf.reduce_any(applied), tf.int64))
+        total, weight = sums[:, 0], sums[:, 1]
+        kept = tf.cast(applied, tf.float64)
+        totals = tf.stack([tf.where(applied, total, tf.zeros_like(total)), kept * weight, weight, 1.0 - kept], axis=1)
+        return totals, tf.cast(self.strategy.reduce(SUM, rows, axis=None), tf.int64)
 
-    def _skip(self, loss: tf.Tensor) -> None:
-        self.skipped_loss.assign(loss)
-        if self.warn_on_skip:
-            # Warn for each skip the policy allows and for the one that ends the run, not after it.
-            tf.cond(self.skips_in_a_row <= self.allowed_skips, lambda: self._warn(loss), lambda: None)
+    def _replica_update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """This replica's part of one update: for each stage, its micro-steps, then its update.
 
-    def _warn(self, loss: tf.Tensor) -> None:
-        message = "warning: NaN/inf loss or gradients at epoch {}, step {}: update skipped (training loss {})"
-        where = (self.epoch + 1, self.step, tf.cast(loss, tf.float32))
-        tf.print(tf.strings.format(message, where), output_stream=sys.stderr)
-
-    def compute_gradients(self, batch: Any) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, tf.Tensor]:
-        """One replica's part: its micro-batches forward and backward, then the clipped global gradient.
-
-        Also returns the replica's summed loss and sample count, and whether the update is finite.
+        Returns the global [loss total, weight] of each stage, which stages applied their update,
+        and this replica's number of samples.
         """
-        _, targets = batch
-        samples = tf.cast(tf.shape(targets)[0], tf.float32)
-        # N, the samples in this global batch over all replicas: fewer than --global-batch-size in
-        # the last batch of an epoch, where some replicas may get no samples at all.
-        context = tf.distribute.get_replica_context()
-        global_samples = context.all_reduce(SUM, samples)
-        grads = [tf.zeros(variable.shape, variable.dtype) for variable in self.model.trainable_variables]
-        loss_sum = tf.constant(0.0, tf.float64)
-        for micro_step in tf.range(self.config.grad_accum_steps):
-            # One micro-batch at a time: accumulation is there to bound memory, so no overlap.
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            micro_batch = _rows(batch, micro_step * self.micro_batch_size, self.micro_batch_size)
-            micro_grads, micro_loss_sum = self._micro_step(micro_batch, global_samples)
-            grads = [total + grad for total, grad in zip(grads, micro_grads, strict=True)]
-            loss_sum += micro_loss_sum
-        # One all-reduce sums the replicas' shares into the global gradient, and their losses along
-        # with it (in float32, only to see whether any replica's loss is NaN/inf).
-        *grads, global_loss = context.all_reduce(SUM, [*grads, tf.cast(loss_sum, grads[0].dtype)])
-        norm = tf.linalg.global_norm(grads)
-        finite = tf.math.is_finite(global_loss)
-        if self.config.precision != "fp16":
-            # (Under fp16, inf gradients mean the loss scale overflowed: the LossScaleOptimizer skips
-            # such an update itself and lowers the scale.)
-            finite &= tf.math.is_finite(norm)
-        if self.config.max_grad_norm > 0:
-            # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides
-            # it out): clipping S*g at S*max_norm is clipping g at max_norm.
-            loss_scale = self.optimizer.scale_loss(1.0)
-            grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale, use_norm=norm)
-        return grads, loss_sum, tf.cast(samples, tf.float64), finite
+        size = self.micro_batch_size
+        micro_batches = [_rows(batch, index * size, size) for index in range(self.config.grad_accum_steps)]
+        # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
+        # loss per stage and is resumed stage by stage, after the previous stage's update.
+        steps = [self._losses(micro_batch) for micro_batch in micro_batches]
+        sums, applied = [], []
+        for stage in self.stages:
+            grads, total, weight = self._gradients(stage, steps)
+            finite = tf.math.is_finite(total)
+            if self.config.precision != "fp16":
+                # (Under fp16, inf gradients mean the loss scale overflowed: the LossScaleOptimizer skips
+                # such an update itself and lowers the scale.)
+                finite &= tf.math.is_finite(tf.linalg.global_norm(grads))
+            if self.config.max_grad_norm > 0:
+                # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides
+                # it out): clipping S*g at S*max_norm is clipping g at max_norm.
+                loss_scale = stage.optimizer.scale_loss(1.0)
+                grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale)
+            # The update (or its skip) is decided once for all replicas, outside the replica context:
+            # TensorFlow does not allow a cond around apply_gradients inside it.
+            loss = total / tf.maximum(weight, 1e-12)
+            merge = functools.partial(self._apply_or_skip, stage)
+            applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss)))
+            sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
+        for losses in steps:
+            if next(losses, None) is not None:
+                raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
+        return tf.stack(sums), tf.stack(applied), _row_count(batch)
 
-    def _micro_step(self, micro_batch: Any, global_samples: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """Gradients and summed loss of one micro-batch."""
-        inputs, targets = micro_batch
-        variables = self.model.trainable_variables
-        # Regularization losses depend only on the weights, which every replica and micro-step
-        # shares: each adds 1/(R*A) of them.
-        regularization_share = 1.0 / (self.replicas * self.config.grad_accum_steps)
+    def _gradients(self, stage: Stage, steps: list[Iterator]) -> tuple[list, Any, Any]:
+        """The stage's gradients of the exact global mean loss, and its global loss total and weight.
+
+        The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i),
+        over every replica and micro-step. The weight sum is only known once every micro-step has
+        run, so each micro-step takes the gradient of its total / --global-batch-size (with one
+        loss per sample that is already the right scale), and once summed over the replicas the
+        gradients are multiplied by --global-batch-size / sum_i(w_i): the exact mean, for a short
+        last batch, padded tokens or masks alike. With one loss per sample and a full batch the
+        factor is exactly 1.
+
+        Each stage records its own gradient tape: what an earlier stage computed (a GAN's generated
+        images) carries no gradient into a later one, which computes it again.
+        """
+        grads = [tf.zeros(variable.shape, variable.dtype) for variable in stage.variables]
+        total, weight = tf.constant(0.0), tf.constant(0.0)
+        for micro_step, losses in enumerate(steps):
+            # One micro-step at a time: accumulation is there to bound memory, so no overlap.
+            with tf.control_dependencies(grads if micro_step else []), tf.GradientTape() as tape:
+                loss = self._next_loss(losses, stage)
+                scaled = stage.optimizer.scale_loss(loss.total / self.config.global_batch_size)  # fp16: times S
+            micro_grads = tape.gradient(scaled, stage.variables)
+            if all(grad is None for grad in micro_grads):
+                raise StepError(
+                    f"the {stage.name!r} loss from train_step does not depend on model.py's {stage.name!r} weights; "
+                    "compute it from that model's outputs inside its stage (after the previous yield)"
+                )
+            grads = [grad if new is None else grad + new for grad, new in zip(grads, micro_grads, strict=True)]
+            total, weight = total + loss.total, weight + loss.weight
+        # One all-reduce sums the replicas' gradients, loss totals and weights.
+        *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
+        factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
+        grads = [grad * factor for grad in grads]
+        if any(variable.regularizer for variable in stage.variables):
+            # Weight regularizers depend on the weights only: added once per update, on every replica alike.
+            with tf.GradientTape() as tape:
+                penalty = stage.optimizer.scale_loss(stage.regularization())
+            penalty_grads = tape.gradient(penalty, stage.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            grads = [grad + extra for grad, extra in zip(grads, penalty_grads, strict=True)]
+        return grads, total, weight
+
+    def _losses(self, micro_batch: Any) -> Iterator[tuple[str, Mean]]:
+        """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
+        if len(self.stages) > 1:
+            # Every micro-batch holds samples here: with several optimizers the engine trains on whole
+            # global batches only (engine.py).
+            result = train_step(self.models, micro_batch, self.config)
+            if not isinstance(result, Iterator):
+                names = [stage.name for stage in self.stages]
+                raise StepError(f"optim.py has the optimizers {names}: train_step must yield (name, Mean) for each")
+            yield from result
+            return
+        # An empty micro-batch (the end of an epoch can leave a replica none) adds nothing to the
+        # loss, so the model is not run on it: a BatchNormalization layer would average over no
+        # samples and store NaN statistics.
+        name, per = self.stages[0].name, []
 
         def with_samples() -> tuple[tf.Tensor, tf.Tensor]:
-            losses = check_per_sample(per_sample_loss(self.model(inputs, training=True), targets))
-            # The update must follow the gradient of the mean loss over the N samples of the global
-            # batch, (1/N) * sum_i grad(l_i) over every replica and micro-step. Each replica adds
-            # sum(l_i) / N for the samples of each micro-step, and the all-reduce sums the replicas:
-            # exactly that mean, for any number of replicas R and micro-steps A. N is counted in
-            # every update, so the short last batch is averaged over its true size
-            # (tf.nn.compute_average_loss with the constant --global-batch-size would shrink it).
-            loss = tf.reduce_sum(losses) / global_samples
-            loss += sum(self.model.losses, tf.constant(0.0)) * regularization_share
-            return loss, tf.reduce_sum(tf.cast(losses, tf.float64))
+            result = train_step(self.models, micro_batch, self.config)
+            mean = next(result)[1] if isinstance(result, Iterator) else result
+            per.append(check_train_value(mean, name).per)
+            return mean.total, mean.weight
 
-        def without_samples() -> tuple[tf.Tensor, tf.Tensor]:
-            # An empty micro-batch (the end of an epoch can leave a replica none) adds nothing to
-            # the loss, so the model is not run on it: some kernels mishandle empty batches
-            # (oneDNN's Conv2D inside a tf.function returns the wrong shape). Its share of the
-            # weight regularization still counts.
-            penalties = [variable.regularizer(variable) for variable in variables if variable.regularizer]
-            return sum(penalties, tf.constant(0.0)) * regularization_share, tf.constant(0.0, tf.float64)
+        total, weight = tf.cond(_row_count(micro_batch) > 0, with_samples, lambda: (tf.constant(0.0), tf.constant(0.0)))
+        yield name, Mean.of_sums(total, weight, per[0])
 
-        with tf.GradientTape() as tape:
-            loss, loss_sum = tf.cond(tf.shape(targets)[0] > 0, with_samples, without_samples)
-            scaled_loss = self.optimizer.scale_loss(loss)  # times the fp16 loss scale; else unchanged
-        grads = tape.gradient(scaled_loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return grads, loss_sum
+    def _next_loss(self, losses: Iterator[tuple[str, Mean]], stage: Stage) -> Mean:
+        try:
+            given = next(losses)
+        except StopIteration:
+            raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
+        except Exception as error:
+            raise user_code_error(error, "in train_step") from None
+        if not (isinstance(given, tuple) and len(given) == 2) or (len(self.stages) > 1 and given[0] != stage.name):
+            names = [stage.name for stage in self.stages]
+            raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
+        return check_train_value(given[1], stage.name)
 
-    def apply_gradients(self, grads: list[tf.Tensor]) -> None:
-        """Update the weights with the clipped global gradient (on every replica)."""
+    def _apply_or_skip(
+        self, stage: Stage, strategy: tf.distribute.Strategy, grads: Any, finite: Any, loss: Any
+    ) -> tf.Tensor:
+        """Apply the stage's update on every replica, or skip it; runs once, in the cross-replica context.
+
+        An update with a NaN/inf loss or gradient is skipped on every replica alike: the weights, the
+        optimizer state and so the schedule stay as they were. Once more updates in a row are skipped
+        than allowed, nothing is applied any more and the engine stops the run.
+        """
+        # Each replica computed `finite` and the loss from the same all-reduced sums: take the first.
+        finite, loss = (strategy.experimental_local_results(value)[0] for value in (finite, loss))
+        apply = finite & (stage.skips_in_a_row <= self.allowed_skips)
+
+        def apply_update() -> None:
+            strategy.extended.call_for_each_replica(self._apply_gradients, args=(stage, grads))
+
+        tf.cond(apply, apply_update, lambda: self._skip(stage, loss))
+        stage.skips_in_a_row.assign(tf.where(apply, tf.zeros_like(stage.skips_in_a_row), stage.skips_in_a_row + 1))
+        return apply
+
+    def _apply_gradients(self, stage: Stage, grads: list[tf.Tensor]) -> None:
+        """Update the stage's weights with its clipped global gradient (on every replica)."""
         # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
         # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
         # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
         # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
         is_first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
         grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        stage.optimizer.apply_gradients(zip(grads, stage.variables, strict=True))
+
+    def _skip(self, stage: Stage, loss: tf.Tensor) -> None:
+        stage.skipped_loss.assign(tf.cast(loss, tf.float64))
+        if self.warn_on_skip:
+            # Warn for each skip the policy allows and for the one that ends the run, not after it.
+            tf.cond(stage.skips_in_a_row <= self.allowed_skips, lambda: self._warn(stage, loss), lambda: None)
+
+    def _warn(self, stage: Stage, loss: tf.Tensor) -> None:
+        which = "" if len(self.stages) == 1 else f" of {stage.name}"
+        message = "warning: NaN/inf loss or gradients" + which + " at epoch {}, step {}: update skipped"
+        message += " (training loss {})"
+        tf.print(tf.strings.format(message, (self.epoch + 1, self.step, loss)), output_stream=sys.stderr)
 
 
-def _rows(batch: Any, start: tf.Tensor, size: int) -> Any:
+def _row_count(batch: Any) -> tf.Tensor:
+    """The number of samples in a batch: the first dimension of its first tensor."""
+    return tf.shape(tf.nest.flatten(batch)[0])[0]
+
+
+def _rows(batch: Any, start: int, size: int) -> Any:
     """Rows [start, start + size) of every tensor in `batch`: fewer, or none, past its end."""
     return tf.nest.map_structure(lambda tensor: tensor[start : start + size], batch)
-
-
-def check_per_sample(losses: tf.Tensor) -> tf.Tensor:
-    """Check, while tracing, that loss.py gave one value per sample (a mean would silently mis-scale)."""
-    if losses.shape.rank != 1:
-        raise DataError(
-            f"loss.py must return one value per sample, shape [batch], got shape {losses.shape}; "
-            "do not average over the batch"
-        )
-    return losses

@@ -1,4 +1,4 @@
-"""Your data: the train, validation and test datasets.
+"""Your data: the train, validation and test datasets, and how their items become batches.
 
 This file is yours: `copier update` keeps your edits here.
 The default is a synthetic classification task so the project trains before any edit.
@@ -17,10 +17,11 @@ NUM_CLASSES = 4
 def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]:
     """Return the (train, validation, test) datasets, each a `tf.data.Dataset` of single samples.
 
-    Every element must be one `(inputs, targets)` pair, unbatched, and each dataset must have a
-    known size (`dataset.cardinality()`; add `.apply(tf.data.experimental.assert_cardinality(n))`
-    to a file-based one). Every worker calls this with the same config and must get the same
-    samples in the same order: the engine shuffles, batches and shards, so do none of that here.
+    Every element is one sample, unbatched: a tensor, a tuple or a dict of tensors (step.py
+    receives them batched by `make_batches`). Each dataset must have a known size
+    (`dataset.cardinality()`; add `.apply(tf.data.experimental.assert_cardinality(n))` to a
+    file-based one). Every worker calls this with the same config and must get the same samples
+    in the same order: the engine shuffles, batches and shards, so do none of that here.
     """
     # TODO(data): load your data here instead of the synthetic task below. The sizes are odd on
     # purpose: they exercise the short last batch and uneven evaluation shards.
@@ -34,3 +35,12 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
         return tf.data.Dataset.from_tensor_slices((inputs.astype(np.float32), targets.astype(np.int32)))
 
     return make_split(1003), make_split(251), make_split(257)
+
+
+def make_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """Cut a dataset of samples into batches of `batch_size` (the last one may be short).
+
+    Pad variable-length sequences here: `dataset.padded_batch(batch_size)`. Keep every sample, in
+    order: the engine has shuffled and sharded already and counts each sample once.
+    """
+    return dataset.batch(batch_size)

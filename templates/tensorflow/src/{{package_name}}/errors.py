@@ -5,6 +5,8 @@ to change.
 """
 
 import re
+import traceback
+from pathlib import Path
 
 
 class RunError(Exception):
@@ -20,7 +22,7 @@ class ConfigError(RunError):
 
 
 class DataError(RunError):
-    """Data from data.py, loss.py or metrics.py that the loop cannot use."""
+    """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
 
 
 class TrainingError(RunError):
@@ -37,3 +39,25 @@ def first_line(error: Exception) -> str:
     where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*"
     lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
     return next((line for line in lines if line), type(error).__name__)
+
+
+class StepError(DataError):
+    """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
+
+
+USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py")
+
+
+def user_code_error(error: Exception, doing: str) -> Exception:
+    """One line for an exception raised in your code while TensorFlow traced it: your file and line.
+
+    Errors that did not pass through a user file are the template's: they keep their traceback.
+    """
+    package = Path(__file__).parent
+    places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+    mine = [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+    if not mine:
+        return error
+    if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
+        return type(error)(f"{mine[-1]}: {error}")
+    return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")

@@ -1,0 +1,96 @@
+"""Checkpoints with tf.train.Checkpoint and CheckpointManager. Managed by the looptpl template.
+
+A checkpoint holds the model, the optimizer (with its update count, which drives the learning-rate
+schedule, and under fp16 the loss scale), the epoch and step counters, the early-stopping state
+and the config. TensorFlow checkpoints follow objects, not devices: one written by N replicas
+loads into any strategy and any number of replicas. Saving is atomic: TensorFlow writes the data
+under a temporary name and renames it, and the `checkpoint` file lists a save only once complete.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from .config import TrainConfig
+from .errors import CheckpointError, first_line
+
+
+class ConfigState(tf.train.experimental.PythonState):
+    """The run's config as JSON, stored in every checkpoint beside the weights.
+
+    Restoring does not change the running config: the checkpoint's copy lands in `saved`, so a
+    resumed run can check that it keeps the settings the checkpoint depends on.
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.text = json.dumps(dataclasses.asdict(config), sort_keys=True)
+        self.saved: dict[str, object] = {}
+
+    def serialize(self) -> str:
+        return self.text
+
+    def deserialize(self, string_value: bytes) -> None:
+        self.saved = json.loads(string_value)
+
+
+class Checkpointer:
+    """Saves `epoch-N` after every epoch (the newest --keep-checkpoints) and the best epoch in `best/`."""
+
+    def __init__(self, run_dir: Path, keep: int, **objects: object) -> None:
+        self.directory = run_dir / "checkpoints"
+        self.checkpoint = tf.train.Checkpoint(**objects)
+        self.epochs = tf.train.CheckpointManager(self.checkpoint, str(self.directory), keep, checkpoint_name="epoch")
+        self.best = tf.train.CheckpointManager(self.checkpoint, str(self.directory / "best"), 1, checkpoint_name="best")
+
+    def save(self, epoch: int, is_best: bool) -> None:
+        """Write `best/best-<epoch>` if it is the best so far, then `epoch-<epoch>`.
+
+        Best first: a crash between the two then resumes from the previous epoch, whose
+        early-stopping state never points at a best epoch that `best/` lacks.
+        """
+        if is_best:
+            self.best.save(checkpoint_number=epoch)
+        self.epochs.save(checkpoint_number=epoch)
+
+    def restore_latest(self) -> None:
+        """Restore the newest readable epoch checkpoint; a damaged one is reported and skipped.
+
+        `checkpoint`, the list of saves, is rewritten only after a save is complete, so a save
+        cut short by a crash is not in it. A file damaged later (a truncated copy, a bad disk)
+        fails TensorFlow's checks (sizes, a checksum per tensor) and the next older one is used.
+        """
+        state = tf.train.get_checkpoint_state(str(self.directory))
+        for path in reversed(state.all_model_checkpoint_paths if state else []):
+            try:
+                status = self.checkpoint.restore(path)
+            except Exception as error:  # a damaged file raises DataLossError, NotFoundError, IndexError, ...
+                print(f"warning: skipping unreadable checkpoint {path} ({first_line(error)}); using an older one")
+                continue
+            try:
+                status.assert_existing_objects_matched()
+            except AssertionError:
+                raise CheckpointError(
+                    f"{path} does not match this model and optimizer; did model.py, optim.py or --precision "
+                    "change since it was written? Drop --resume to start a new run"
+                ) from None
+            return
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
+        )
+
+    def restore_best_weights(self, model: keras.Model) -> bool:
+        """Load the best epoch's weights into `model` (for the final test); False if there is none."""
+        path = tf.train.latest_checkpoint(str(self.directory / "best"))
+        if path is None:
+            return False
+        try:
+            tf.train.Checkpoint(model=model).read(path).expect_partial()  # only the weights
+        except Exception as error:
+            raise CheckpointError(
+                f"the best checkpoint {path} is unreadable ({first_line(error)}); test the last weights with --resume "
+                "--test-on last"
+            ) from None
+        return True

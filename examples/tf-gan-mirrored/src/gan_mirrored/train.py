@@ -1,0 +1,79 @@
+"""Train gan_mirrored: parse the config, build, fit, test. Managed by the looptpl template.
+
+Launch:
+    python -m gan_mirrored.train                                  # every GPU of this machine, else the CPU
+    CUDA_VISIBLE_DEVICES=0,1 python -m gan_mirrored.train         # two of its GPUs
+    python -m gan_mirrored.train --cpu-replicas 2                 # 2 replicas on the CPU, no GPU needed
+    # N machines: generate the multi-worker variant (looptpl new --strategy multi-worker)
+
+Your code lives in model.py, data.py, loss.py, metrics.py and optim.py; `--help` lists every flag.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from . import distributed
+from .config import TrainConfig, parse_config
+from .data import build_datasets
+from .engine import Trainer
+from .errors import ConfigError, RunError
+
+
+def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
+    """Create the run directory and save the config there; refuse to mix two runs in one place."""
+    run_dir = Path(config.run_dir)
+    # The chief's view, shared with every process (distributed.py), so all take the same branch.
+    has_run = runtime.agree(tf.train.latest_checkpoint(str(run_dir / "checkpoints")) is not None)
+    if has_run and not config.resume:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
+    if config.resume and not has_run:
+        raise ConfigError(f"--resume: {run_dir} holds no checkpoint; drop --resume to start a new run")
+    problem = ""
+    if runtime.is_chief:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+        except OSError as error:
+            problem = f"cannot write to --run-dir {run_dir} ({error.strerror}); choose a folder you can write to"
+    if problem:
+        raise ConfigError(problem)
+    return run_dir
+
+
+def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
+    run_dir = prepare_run_dir(config, runtime)
+    # The same seed in every run: the same data order and the same initial weights.
+    keras.utils.set_random_seed(config.seed)
+    trainer = Trainer(config, runtime, build_datasets(config))
+    if config.resume:
+        trainer.resume()
+    summary = trainer.fit()
+    if not runtime.is_chief:
+        return
+    if summary is None:
+        print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
+        return
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    width = max(map(len, summary))
+    print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)
+    try:
+        # The strategy comes first: it sets up the devices
+        # before any other TensorFlow op runs.
+        run(config, distributed.setup(config))
+    except RunError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
