@@ -1,6 +1,7 @@
 """The CLI through Typer's CliRunner and as real subprocesses: success paths and every bad input."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
+import yaml
 from conftest import REPO_ROOT, answers, looptpl, run, user_files
 
 from looptpl import __version__
@@ -120,7 +122,20 @@ BAD_INPUTS = {
     ),
     "unknown strategy": (["--backend", "torch", "--strategy", "zero3"], "--strategy zero3 is not a known strategy"),
     "unknown strategy alone": (["--strategy", "zero3"], "choose one of: single, ddp, fsdp, one-device, mirrored"),
-    "description breaking pyproject": (["--data", 'description=say "hi"'], "without double quotes or backslashes"),
+    "description breaking pyproject": (["--data", 'description=say "hi"'], "without double quotes, backslashes"),
+    "description with a control character": (["--data", "description=a\x01b"], "or control characters"),
+    "project name pyproject rejects": (["--name", "proj-"], "end with a letter or digit"),
+    "300-character name": (["--name", "a" * 300], "the project name is 300 characters long; use at most 100"),
+    "dunder package": (["--data", "package_name=__main__"], "start with a lowercase letter"),
+    "a dependency of torch": (["--name", "sympy"], "would shadow the module 'sympy'"),
+    "a dependency of TensorFlow": (["--strategy", "mirrored", "--name", "google"], "would shadow the module 'google'"),
+    "absl": (["--strategy", "mirrored", "--name", "absl"], "would shadow the module 'absl'"),
+    "a module of the project": (["--name", "model"], "would shadow the module 'model'"),
+    "--data backend against --backend": (
+        ["--data", "backend=tensorflow", "--backend", "torch"],
+        "--backend torch and --data backend=tensorflow disagree; pass only one of them",
+    ),
+    "--data strategy against --strategy": (["--data", "strategy=ddp", "--strategy", "fsdp"], "disagree"),
     "name not an identifier": (["--name", "9lives"], "is not a valid project name"),
     "name with a path": (["--name", "../escape"], "is not a valid project name"),
     "keyword name": (["--name", "class"], "is a Python keyword"),
@@ -128,8 +143,58 @@ BAD_INPUTS = {
     "ML module name": (["--name", "torch"], "would shadow the module 'torch'"),
     "test name": (["--name", "test"], "would shadow the module 'test'"),
     "bad data": (["--data", "color=blue"], "--data 'color=blue' must be KEY=VALUE"),
-    "bad package in data": (["--data", "package_name=My-Pkg"], "is not a valid Python identifier"),
+    "bad package in data": (["--data", "package_name=My-Pkg"], "is not a valid package name"),
 }
+
+
+def test_every_name_copier_refuses_is_refused_first():
+    """copier.yml's validator refuses some package names with a traceback; looptpl must refuse them first."""
+    from looptpl.validation import package_name_problem
+
+    validator = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())["package_name"]["validator"]
+    names = re.findall(r"'([a-z_]+)'", validator.split("package_name in [")[1].split("]")[0])
+    assert "model" in names and "data" in names
+    assert [name for name in names if package_name_problem(name) is None] == []
+
+
+def installed_modules(distribution: str) -> set[str]:
+    """The top-level modules a distribution and its dependencies (no extras) install, as the project imports them."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    modules: set[str] = set()
+    seen: set[str] = set()
+    pending = [distribution]
+    while pending:
+        name = pending.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            found = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for file in found.files or []:
+            top = file.parts[0]
+            package_or_module = len(file.parts) > 1 or top.endswith(".py")
+            if package_or_module and not top.endswith((".dist-info", ".data")) and top != "..":
+                modules.add(top.removesuffix(".py"))
+        for requirement in map(Requirement, found.requires or []):
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):  # what installs here
+                pending.append(requirement.name)
+    return {module for module in modules if re.fullmatch(r"[a-z][a-z0-9_]*", module)}
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow-cpu", "pytest"])
+def test_no_package_name_shadows_what_the_framework_installs(framework):
+    """Checked against what is installed here: a package named like any of these would be imported in its place."""
+    from looptpl.validation import package_name_problem
+
+    modules = installed_modules(framework)
+    if not modules:
+        pytest.skip(f"{framework} is not installed")
+    assert sorted(module for module in modules if package_name_problem(module) is None) == []
 
 
 @pytest.mark.parametrize("flags, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from looptpl import __version__
+from looptpl import __version__, signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.variants import BACKENDS, VARIANTS
@@ -41,6 +41,9 @@ def reports_errors(command: F) -> F:
         except LooptplError as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(error.exit_code) from None
+        except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the command cleaned up on its way out
+            typer.echo(f"error: {signals.MESSAGE}", err=True)
+            raise typer.Exit(signals.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -87,7 +90,7 @@ def complete_example(incomplete: str) -> list[tuple[str, str]]:
 @reports_errors
 def new(
     destination: Annotated[
-        Path, typer.Argument(help="Folder to create the project in; it must not exist or be empty.")
+        str, typer.Argument(help="Folder to create the project in; it must not exist or be empty.", show_default=False)
     ],
     backend: Annotated[
         str | None,
@@ -142,24 +145,25 @@ def new(
     from looptpl.gitcmd import enclosing_repository
     from looptpl.questions import add_example, merge_flags, parse_data, settle_answers
     from looptpl.render import RenderRequest, render_project
-    from looptpl.validation import check_destination, nearest_existing_parent
+    from looptpl.validation import nearest_existing_parent, resolve_destination
 
-    check_destination(destination)  # before any question: nobody wants to answer and then hear "not empty"
+    # Resolved once, before any question (nobody wants to answer and then hear "not empty"); all writes go below it.
+    folder = resolve_destination(destination)
     given = merge_flags(parse_data(data or []), {"backend": backend, "strategy": strategy, "project_name": name})
     chosen = find_example(example) if example is not None else None
     if chosen is not None:
         given = add_example(given, chosen)
     answers = settle_answers(
-        destination,
+        folder,
         given,
         name_flag="--name" if name is not None else "--data project_name",
         terminal=sys.stdin.isatty(),
         defaults=defaults,
     )
     # Inside another repository (a monorepo, say) the project joins it instead of nesting a second one.
-    enclosing = enclosing_repository(nearest_existing_parent(destination)) if git and not dry_run else None
+    enclosing = enclosing_repository(nearest_existing_parent(folder)) if git and not dry_run else None
     request = RenderRequest(
-        destination=destination,
+        destination=folder,
         answers=answers,
         git=git and enclosing is None,
         dry_run=dry_run,
@@ -178,7 +182,7 @@ def new(
         )
 
 
-def report_created(destination: Path, answers: dict[str, str], example: str | None = None) -> None:
+def report_created(destination: str, answers: dict[str, str], example: str | None = None) -> None:
     """Tell the user what they got and what to run next."""
     package, strategy = answers["package_name"], answers["strategy"]
     launch = {

@@ -1,12 +1,17 @@
-"""Render the template into a new project: into a temporary folder first, then moved into place.
+"""Render the template into a new project: into a hidden folder inside DEST first, then moved into place.
 
-Nothing appears at DEST unless rendering (and `git init`) succeeded, so a failure leaves no
-half-written project behind.
+DEST has been resolved once (validation.resolve_destination) and every write happens below it: the
+project is rendered (and committed) in `DEST/.looptpl-XXXX/`, and only when that succeeded are its
+entries moved up into DEST. A failure, Ctrl-C or SIGTERM removes what this run made, folders it created
+for DEST included, so nothing half-written stays behind. Of two `looptpl new` racing into one DEST the
+first to finish wins; the other stops with one line and takes its files away again.
 """
 
+import errno
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,12 +22,12 @@ from looptpl.errors import LooptplError
 from looptpl.examples import Example, apply_example
 from looptpl.gitcmd import git, identity_if_missing
 from looptpl.store import installed_template
-from looptpl.validation import check_destination, nearest_existing_parent
+from looptpl.validation import STAGING_PREFIX, check_destination
 
 
 @dataclass(frozen=True)
 class RenderRequest:
-    destination: Path
+    destination: Path  # absolute and resolved: the folder DEST names
     answers: Mapping[str, Any]  # every question answered: copier asks nothing
     git: bool
     dry_run: bool
@@ -31,40 +36,115 @@ class RenderRequest:
 
 def render_project(request: RenderRequest) -> list[str]:
     """Render the project and return its files (relative paths); with dry_run nothing is kept."""
-    check_destination(request.destination)  # again: the folder may have changed while the user answered
+    destination = request.destination
+    check_destination(destination)  # again: the folder may have changed while the user answered
     if request.git and not request.dry_run and shutil.which("git") is None:
         raise LooptplError("git is not installed; install git or pass --no-git")
-    parent = nearest_existing_parent(request.destination)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".looptpl-", dir=parent))
-    except OSError as error:
-        raise LooptplError(f"cannot write to {parent} ({error.strerror}); choose a folder you can write to") from None
-    try:
-        # Render under the final folder name: the template uses it as the default project name.
-        staged_project = staging / request.destination.name
-        _copier_copy(staged_project, request.answers)
-        if request.example is not None:
-            apply_example(request.example, staged_project, request.answers["package_name"])
-        files = sorted(str(path.relative_to(staged_project)) for path in staged_project.rglob("*") if path.is_file())
         if request.dry_run:
-            return files
+            with tempfile.TemporaryDirectory(prefix="looptpl-dry-run-") as scratch:
+                return _render(Path(scratch), request)
+        return _render_in_place(request)
+    except OSError as error:
+        fix = "free some space and retry" if error.errno == errno.ENOSPC else "choose another folder"
+        where = f" ({error.filename})" if error.filename else ""
+        raise LooptplError(
+            f"cannot write the project to {destination}: {error.strerror}{where}; nothing was written, {fix}",
+            exit_code=1,
+        ) from None
+
+
+def _render_in_place(request: RenderRequest) -> list[str]:
+    destination = request.destination
+    created = _make_folders(destination)
+    moved: list[Path] = []
+    staging: Path | None = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=destination))
+        files = _render(staging, request)
+        staged_project = _staged_project(staging, destination)
         if request.git:
             _git_init_and_commit(staged_project)
-        request.destination.parent.mkdir(parents=True, exist_ok=True)
-        if request.destination.is_dir():
-            request.destination.rmdir()  # empty, checked above
-        os.replace(staged_project, request.destination)
+        _claim(destination, staging)
+        for entry in sorted(staged_project.iterdir()):
+            os.rename(entry, destination / entry.name)
+            moved.append(destination / entry.name)
+        moved.clear()  # every entry is in place: nothing to take back
         return files
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            _remove(staging)
+        for path in moved:  # a failure half-way through the move: take this run's files away again
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for folder in reversed(created):  # after a failure DEST is empty again; on success rmdir fails, as it should
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty: the project, or another process's files
 
 
-def _copier_copy(destination: Path, answers: Mapping[str, Any]) -> None:
+def _staged_project(staging: Path, destination: Path) -> Path:
+    # Rendered under the final folder name: the template uses it as the default project name.
+    return staging / "project" / destination.name
+
+
+def _render(staging: Path, request: RenderRequest) -> list[str]:
+    """Render (and lay the example over) into the staging folder; the project's files, as relative paths."""
+    project = _staged_project(staging, request.destination)
+    project.parent.mkdir()
+    scratch = staging / "tmp"
+    scratch.mkdir()
+    _copier_copy(project, request.answers, scratch)
+    if request.example is not None:
+        apply_example(request.example, project, request.answers["package_name"])
+    return sorted(str(path.relative_to(project)) for path in project.rglob("*") if path.is_file())
+
+
+def _remove(folder: Path) -> None:
+    """Remove a folder; retried for a moment, since a git that copier started may still be writing in it."""
+    for _ in range(20):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            return
+        time.sleep(0.1)
+
+
+def _make_folders(destination: Path) -> list[Path]:
+    """Create DEST and the folders above it that are missing; the ones this call created, outermost first."""
+    missing = [folder for folder in (destination, *destination.parents) if not folder.exists()]
+    created = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue  # made meanwhile by someone else: not ours to remove
+        created.append(folder)
+    return created
+
+
+def _claim(destination: Path, staging: Path) -> None:
+    """Make sure DEST still holds nothing but this run's staging folder (and later runs' ones) before moving in."""
+    others = [entry.name for entry in destination.iterdir() if entry.name != staging.name]
+    if any(not name.startswith(STAGING_PREFIX) for name in others) or any(name < staging.name for name in others):
+        raise LooptplError(
+            f"{destination} was filled by another process while this project was rendered (a second `looptpl new` "
+            "into the same folder?); this run wrote nothing there",
+            exit_code=1,
+        )
+
+
+def _copier_copy(destination: Path, answers: Mapping[str, Any], scratch: Path) -> None:
     import copier  # imported here: it is slow to import and `looptpl --help` does not need it
     from copier.errors import CopierError
 
     # Installed: the template's tag in the per-user store; in a checkout: its working tree.
     template = installed_template()
+    # Copier clones the template into a temporary folder: make it one in the staging folder, so that its
+    # cleanup removes the clone whatever stops the run (SIGTERM in the middle of the clone, say).
+    previous, tempfile.tempdir = tempfile.tempdir, str(scratch)
     try:
         with warnings.catch_warnings():
             # Copier warns when a development checkout has uncommitted changes; that is expected there.
@@ -80,8 +160,8 @@ def _copier_copy(destination: Path, answers: Mapping[str, Any]) -> None:
             )
     except CopierError as error:
         raise LooptplError(f"the template could not be rendered: {error}", exit_code=1) from None
-    except KeyboardInterrupt:
-        raise LooptplError("cancelled; nothing was written", exit_code=130) from None
+    finally:
+        tempfile.tempdir = previous
 
 
 def _git_init_and_commit(project: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from looptpl import signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
@@ -227,8 +228,8 @@ def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
             )
     except CopierError as error:
         raise LooptplError(f"the template could not be merged ({error}); nothing was changed", exit_code=1) from None
-    except KeyboardInterrupt:
-        raise LooptplError("cancelled; the project was left as it was", exit_code=130) from None
+    except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM
+        raise LooptplError("cancelled; the project was left as it was", exit_code=signals.exit_code) from None
 
 
 def _outcome(plan: Plan, project: Path) -> Outcome:

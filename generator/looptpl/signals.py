@@ -1,0 +1,39 @@
+"""Ctrl-C and SIGTERM cancel a command the same way: cleanup runs, then one line and exit 130 or 143.
+
+Both raise Cancelled, so `finally` blocks and context managers remove what a command had started to
+write: SIGTERM (a `kill`, a CI timeout, a closing container) would otherwise end the process on the
+spot and leave a half-rendered staging folder and copier's temporary clone behind. A second signal
+during that cleanup is ignored, so the cleanup finishes. Without install() (looptpl used as a
+library, or in tests) Ctrl-C stays Python's KeyboardInterrupt, which the CLI reports the same way.
+"""
+
+import signal
+import sys
+from types import FrameType
+
+exit_code = 130  # 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM
+MESSAGE = "cancelled; nothing was written"
+
+
+class Cancelled(BaseException):
+    """Ctrl-C or SIGTERM. Not a KeyboardInterrupt, which Typer and Click would turn into a silent exit."""
+
+
+def _cancel(signum: int, frame: FrameType | None) -> None:
+    global exit_code
+    exit_code = 128 + signum
+    for each in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(each, signal.SIG_IGN)
+    raise Cancelled
+
+
+def install() -> None:
+    """Make SIGINT and SIGTERM raise Cancelled (call it first thing, from the entry point only)."""
+    for each in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(each, _cancel)
+
+
+def report() -> None:
+    """Print the cancellation and exit with its status (for a signal that came before a command ran)."""
+    print(f"error: {MESSAGE}", file=sys.stderr)
+    sys.exit(exit_code)
