@@ -15,6 +15,10 @@ def main() -> None:
         run()
     except (signals.Cancelled, KeyboardInterrupt):
         signals.report()
+    except Exception:
+        if signals.cancelled:
+            signals.report()
+        raise
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ def reports_errors(command: F) -> F:
         except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the command cleaned up on its way out
             typer.echo(f"error: {signals.MESSAGE}", err=True)
             raise typer.Exit(signals.exit_code) from None
+        except Exception:
+            if signals.cancelled:  # the cancellation, wrapped by the code it interrupted
+                typer.echo(f"error: {signals.MESSAGE}", err=True)
+                raise typer.Exit(signals.exit_code) from None
+            raise
 
     return wrapper  # type: ignore[return-value]
 

@@ -12,6 +12,8 @@ import sys
 from types import FrameType
 
 exit_code = 130  # 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM
+cancelled = False  # set by a signal: whatever exception follows (Python 3.11 wraps one raised in `__set_name__`
+# while a module imports into a RuntimeError, say) is the cancellation, not a failure to report
 MESSAGE = "cancelled; nothing was written"
 
 
@@ -20,8 +22,8 @@ class Cancelled(BaseException):
 
 
 def _cancel(signum: int, frame: FrameType | None) -> None:
-    global exit_code
-    exit_code = 128 + signum
+    global exit_code, cancelled
+    exit_code, cancelled = 128 + signum, True
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
     raise Cancelled

@@ -110,6 +110,8 @@ def resolve_destination(given: str) -> Path:
         raise LooptplError(
             f"DEST has a folder name of {len(os.fsencode(too_long))} bytes; file systems allow at most {NAME_MAX}"
         )
+    if len(os.fsencode(os.path.abspath(path))) > PATH_MAX:
+        raise LooptplError(f"DEST is {len(os.fsencode(os.path.abspath(path)))} bytes long; choose a shorter path")
     try:
         if path.name == ".." or (".." in path.parts and not _exists_before_dotdot(path)):
             raise LooptplError(

@@ -1,0 +1,165 @@
+"""Issue #15 on the generator: no write outside DEST, no traceback for a user's mistake, nothing left behind.
+
+Each case is what a careless or hostile user tried; each test failed before its fix.
+"""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import answers, looptpl
+
+from looptpl import render
+from looptpl.errors import LooptplError
+
+
+def one_line_error(result, message: str, code: int = 2) -> None:
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def test_a_dest_ending_in_dotdot_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    (tmp_path / "mine.txt").write_text("the user's own file")
+    monkeypatch.chdir(tmp_path)
+    result = looptpl("new", "nope/..", "--defaults")
+    one_line_error(result, "DEST nope/.. goes up with '..' through a folder that does not exist")
+    assert listing(tmp_path) == ["mine.txt"]  # no project, no `git init`, no stray nope/
+
+
+def test_a_dest_through_an_existing_folder_and_back_is_that_folder(tmp_path, monkeypatch):
+    (tmp_path / "there").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert looptpl("new", "there/../proj", "--defaults", "--no-git").exit_code == 0
+    assert (tmp_path / "proj" / "src" / "proj" / "train.py").is_file()
+
+
+def test_new_dot_in_an_empty_folder_fills_it_and_keeps_the_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "empty-one"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    result = looptpl("new", ".", "--defaults")
+    assert result.exit_code == 0, result.stderr
+    assert answers(folder)["project_name"] == "empty-one"
+    assert (folder / ".git").is_dir() and (folder / "src" / "empty_one" / "train.py").is_file()
+    assert not [path for path in folder.iterdir() if path.name.startswith(".looptpl-")]
+    assert Path.cwd().samefile(folder)  # the folder itself was kept, not replaced under the user's shell
+
+
+def test_an_empty_dest_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(looptpl("new", "", "--defaults"), "DEST is empty; name the project's folder")
+    assert listing(tmp_path) == []
+
+
+def test_a_dest_that_links_to_an_empty_folder_fills_the_folder(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert looptpl("new", str(tmp_path / "link"), "--defaults", "--no-git").exit_code == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "pyproject.toml").is_file()
+
+
+def test_a_dangling_link_is_refused_and_its_target_not_created(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "target")
+    result = looptpl("new", str(tmp_path / "link"), "--defaults")
+    one_line_error(result, f"is a symbolic link to {tmp_path / 'elsewhere' / 'target'}, which does not exist")
+    assert listing(tmp_path) == ["link"]
+
+
+def test_over_long_dest_names_are_one_line(tmp_path):
+    one_line_error(looptpl("new", str(tmp_path / ("a" * 300)), "--defaults"), "a folder name of 300 bytes")
+    deep = tmp_path / "/".join(["abcdefghij"] * 400)
+    one_line_error(looptpl("new", str(deep), "--defaults"), "choose a shorter path")
+    assert listing(tmp_path) == []
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    real_copy = render._copier_copy
+
+    def fills_the_disk(project, answers, scratch):
+        real_copy(project, answers, scratch)
+        raise OSError(errno.ENOSPC, "No space left on device", str(project / "src"))
+
+    monkeypatch.setattr(render, "_copier_copy", fills_the_disk)
+    result = looptpl("new", str(tmp_path / "a" / "proj"), "--defaults")
+    one_line_error(result, "No space left on device", code=1)
+    assert "free some space and retry" in result.stderr
+    assert listing(tmp_path) == []  # the folders created for DEST are gone too
+
+
+def test_the_loser_of_two_runs_into_one_dest_takes_nothing_away(tmp_path, monkeypatch):
+    destination = tmp_path / "proj"
+    real_copy = render._copier_copy
+
+    def another_run_wins_meanwhile(project, answers, scratch):
+        real_copy(project, answers, scratch)
+        (destination / "README.md").write_text("the winner's project")
+
+    monkeypatch.setattr(render, "_copier_copy", another_run_wins_meanwhile)
+    result = looptpl("new", str(destination), "--defaults")
+    one_line_error(result, "was filled by another process while this project was rendered", code=1)
+    assert listing(destination) == ["README.md"] and (destination / "README.md").read_text() == "the winner's project"
+
+
+def test_two_concurrent_runs_make_one_project_and_one_clear_refusal(tmp_path):
+    command = [sys.executable, "-m", "looptpl", "new", "proj", "--defaults"]
+    env = {**os.environ, "LOOPTPL_HOME": str(tmp_path / "home")}
+    runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(run.wait(timeout=120), run.stderr.read()) for run in runs]  # type: ignore[union-attr]
+    assert sorted(code for code, _ in results) in ([0, 1], [0, 2]), results
+    loser = next(error for code, error in results if code)
+    assert loser.startswith("error: ") and len(loser.strip().splitlines()) == 1, loser
+    project = tmp_path / "proj"
+    assert not [path for path in project.iterdir() if path.name.startswith(".looptpl-")]
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True)
+    assert status.stdout == ""  # one whole project, committed
+
+
+def test_a_leftover_staging_folder_is_named_in_the_refusal(tmp_path):
+    (tmp_path / "proj" / ".looptpl-abc123").mkdir(parents=True)
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
+    one_line_error(result, "holds only looptpl's temporary folders (.looptpl-abc123)")
+
+
+def test_an_error_inside_rendering_is_not_a_traceback(tmp_path, monkeypatch):
+    def broken(project, answers, scratch):
+        raise LooptplError("the template could not be rendered: boom", exit_code=1)
+
+    monkeypatch.setattr(render, "_copier_copy", broken)
+    one_line_error(looptpl("new", str(tmp_path / "proj"), "--defaults"), "boom", code=1)
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.6, 0.9])
+def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, delay):
+    """Ctrl-C or SIGTERM at any moment: no traceback, no staging folder, no copier clone in TMPDIR."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "LOOPTPL_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "looptpl", "new", "proj", "--defaults"]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(delay)
+    process.send_signal(getattr(signal, name))
+    stdout, stderr = process.communicate(timeout=120)
+    assert list(scratch.iterdir()) == []
+    if process.returncode == 0:  # it finished first
+        assert "Created proj" in stdout
+        return
+    if process.returncode == -getattr(signal, name):
+        pass  # on a loaded machine the signal may come while Python itself starts, before any looptpl code
+    else:
+        assert process.returncode == 128 + getattr(signal, name), (stdout, stderr)
+        assert stderr == "error: cancelled; nothing was written\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) in (["home", "tmp"], ["tmp"])
