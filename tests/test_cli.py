@@ -143,7 +143,7 @@ BAD_INPUTS = {
     "ML module name": (["--name", "torch"], "would shadow the module 'torch'"),
     "test name": (["--name", "test"], "would shadow the module 'test'"),
     "bad data": (["--data", "color=blue"], "--data 'color=blue' must be KEY=VALUE"),
-    "bad package in data": (["--data", "package_name=My-Pkg"], "is not a valid package name"),
+    "bad package in data": (["--data", "package_name=My-Pkg"], "is not a valid Python identifier"),
 }
 
 

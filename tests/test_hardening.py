@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import answers, looptpl
+from test_update import V1, V2, git, install, isolated, new_project, template_repo  # noqa: F401 (fixtures)
 
 from looptpl import render
 from looptpl.errors import LooptplError
@@ -163,3 +164,58 @@ def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, dela
         assert process.returncode == 128 + getattr(signal, name), (stdout, stderr)
         assert stderr == "error: cancelled; nothing was written\n"
     assert sorted(path.name for path in tmp_path.iterdir()) in (["home", "tmp"], ["tmp"])
+
+
+# --- looptpl update: what copier would silently skip (#15 item 5) --------------------------------
+
+
+def head(project: Path) -> str:
+    return git(project, "rev-parse", "HEAD").strip()
+
+
+@pytest.fixture
+def generated(tmp_path, install) -> Path:  # noqa: F811 (the imported fixture)
+    """A project generated at v1.0.0, with looptpl then at v1.1.0 (a template fix to merge)."""
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    install(V2)
+    return project
+
+
+def test_update_after_renaming_the_package_folder_is_refused(generated):
+    git(generated, "mv", "src/proj", "src/renamed")
+    git(generated, "commit", "-qm", "Rename the package")
+    before = head(generated)
+    result = looptpl("update", str(generated))
+    one_line_error(result, "src/renamed/ holds the project: an update cannot follow a renamed package")
+    assert "git mv src/renamed src/proj" in result.stderr
+    assert head(generated) == before and git(generated, "status", "--porcelain") == ""
+
+
+def test_update_after_editing_package_name_in_the_answers_is_refused(generated):
+    answers_file = generated / ".copier-answers.yml"
+    answers_file.write_text(answers_file.read_text().replace("package_name: proj", "package_name: other"))
+    git(generated, "commit", "-qam", "Edit the answers")
+    result = looptpl("update", str(generated))
+    one_line_error(result, "package_name in .copier-answers.yml was changed by hand from proj to other")
+    assert git(generated, "status", "--porcelain") == ""
+
+
+def test_update_names_a_deleted_engine_file_it_left_deleted(generated):
+    git(generated, "rm", "-q", "src/proj/engine.py")
+    git(generated, "commit", "-qm", "Delete the engine")
+    result = looptpl("update", str(generated))
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert "You deleted these generated files, so the update left them deleted" in result.stdout
+    assert "  src/proj/engine.py" in result.stdout
+    assert "need attention: src/proj/engine.py" in result.stderr
+    assert answers(generated)["_commit"] == V2  # the rest was merged
+
+
+def test_update_with_a_non_text_description_in_the_answers_is_one_line(generated):
+    answers_file = generated / ".copier-answers.yml"
+    text = answers_file.read_text()
+    answers_file.write_text(text.replace(f"description: {answers(generated)['description']}", "description: [1, 2]"))
+    git(generated, "commit", "-qam", "Edit the answers")
+    result = looptpl("update", str(generated))
+    one_line_error(result, "the description must be text, not list")

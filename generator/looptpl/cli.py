@@ -276,8 +276,9 @@ def update(
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
     report_update(path, outcome, conflict, dry_run)
-    if outcome.conflicts and not dry_run:
-        typer.echo(f"{len(outcome.conflicts)} file(s) need attention: {', '.join(outcome.conflicts)}", err=True)
+    attention = [*outcome.conflicts, *outcome.deleted]
+    if attention and not dry_run:
+        typer.echo(f"{len(attention)} file(s) need attention: {', '.join(attention)}", err=True)
         raise typer.Exit(1)
 
 
@@ -291,6 +292,13 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
         where = "has conflict markers (<<<<<<< / >>>>>>>)" if inline else "has a .rej file beside it"
         typer.echo(f"Your edits clash with the template here; each file {where}:")
         typer.echo("\n".join(f"  {name}" for name in outcome.conflicts))
+    if outcome.deleted:
+        typer.echo(
+            "You deleted these generated files, so the update left them deleted and the template's fixes to them "
+            f"were not applied; if that was a mistake, restore them (git checkout {outcome.generated_in[:12]} -- "
+            "FILE), commit and update again:"
+        )
+        typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
     if dry_run:
         typer.echo(f"Nothing was changed. Run `looptpl update {path}` to apply.")
     elif outcome.conflicts:

@@ -23,7 +23,7 @@ from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
-from looptpl.validation import package_name_problem, project_name_problem
+from looptpl.validation import description_problem, package_name_problem, project_name_problem
 from looptpl.variants import BACKENDS, strategies
 
 ANSWERS = ".copier-answers.yml"
@@ -50,6 +50,8 @@ class Outcome:
     plan: Plan
     changed: list[str] = field(default_factory=list)  # `git status` lines, e.g. "M  src/pkg/engine.py"
     conflicts: list[str] = field(default_factory=list)  # files with conflict markers, or with a `.rej` beside them
+    deleted: list[str] = field(default_factory=list)  # generated files the user deleted: the update left them deleted
+    generated_in: str = ""  # the commit that added the project (to restore a deleted file from)
 
 
 def plan_update(project: Path) -> Plan:
@@ -73,7 +75,7 @@ def plan_update(project: Path) -> Plan:
 
 def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run: bool = False) -> Outcome:
     """Update the project in place (or, with dry_run, a throwaway clone of it) and report the result."""
-    read_answers(project)
+    answers = read_answers(project)
     top = _check_repository(project)
     plan = plan_update(project)
     if plan.status is Status.NEWER:
@@ -84,6 +86,9 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
         )
     if plan.status is Status.CURRENT:
         return Outcome(plan)
+    _check_package(project, answers)
+    first = _generation_commit(project)
+    missing = _missing_generated(project, first)  # deleted by the user before this update
     label = plan.template.label
     merging = f"Merging template {label} into {project}: rendering {plan.current} and the new template"
     if dry_run:
@@ -93,7 +98,7 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
                 _run_copier(copy, plan.template.ref, conflict)
-            return _outcome(plan, copy)
+            return _with_deleted(_outcome(plan, copy), copy, missing, first)
     try:
         with phase(f"{merging}..."):
             _run_copier(project, plan.template.ref, conflict)
@@ -102,7 +107,7 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
         git("reset", "--hard", "--quiet", "HEAD", cwd=top)
         git("clean", "-d", "--force", "--quiet", cwd=top)
         raise
-    return _outcome(plan, project)
+    return _with_deleted(_outcome(plan, project), project, missing, first)
 
 
 def read_answers(project: Path) -> dict[str, Any]:
@@ -129,6 +134,69 @@ def read_answers(project: Path) -> dict[str, Any]:
     return answers
 
 
+def _generation_commit(project: Path) -> str:
+    """The commit that added the project's answers file: the project as `looptpl new` made it ('' if unknown)."""
+    found = git("log", "--diff-filter=A", "--format=%H", "--", ANSWERS, cwd=project, check=False).split()
+    return found[-1] if found else ""
+
+
+def _check_package(project: Path, answers: dict[str, Any]) -> None:
+    """The package folder the answers name must exist: copier cannot follow a renamed package.
+
+    Its old render would have the package under the recorded name, the project has it elsewhere, so
+    the merge would keep the old files as "deleted by the user" and drop every template change to them.
+    """
+    package = answers["package_name"]
+    if (project / "src" / package).is_dir():
+        return
+    first = _generation_commit(project)
+    generated = read_answers_at(project, first).get("package_name") if first else None
+    if isinstance(generated, str) and generated != package and (project / "src" / generated).is_dir():
+        raise LooptplError(
+            f"package_name in {ANSWERS} was changed by hand from {generated} to {package}, but the code is in "
+            f"src/{generated}/: an update cannot rename a package; restore the line (package_name: {generated}) with "
+            f"`git checkout {first[:12]} -- {ANSWERS}`, commit, then update"
+        )
+    moved = sorted(path.parent.name for path in (project / "src").glob("*/train.py"))
+    if moved:
+        raise LooptplError(
+            f"src/{package}/, the package {ANSWERS} names, is gone and src/{moved[0]}/ holds the project: an update "
+            f"cannot follow a renamed package and would drop the template's changes to it; move it back (git mv "
+            f"src/{moved[0]} src/{package} && git commit), then update"
+        )
+    raise LooptplError(
+        f"src/{package}/, the package {ANSWERS} names, is missing; restore it"
+        + (f" (git checkout {first[:12]} -- src/{package})" if first else "")
+        + " and commit before updating"
+    )
+
+
+def read_answers_at(project: Path, commit: str) -> dict[str, Any]:
+    """The answers file as a commit recorded it (empty if it cannot be read)."""
+    prefix = git("rev-parse", "--show-prefix", cwd=project).strip()
+    text = git("show", f"{commit}:{prefix}{ANSWERS}", cwd=project, check=False)
+    try:
+        answers = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return answers if isinstance(answers, dict) else {}
+
+
+def _missing_generated(project: Path, first: str) -> list[str]:
+    """The files `looptpl new` made (the commit that added the project) that the project no longer has."""
+    if not first:
+        return []
+    listed = git("ls-tree", "-r", "--name-only", first, "--", ".", cwd=project).splitlines()  # relative to project
+    return [path for path in listed if not (project / path).exists()]
+
+
+def _with_deleted(outcome: Outcome, project: Path, missing: list[str], first: str) -> Outcome:
+    """The outcome with the generated files the user had deleted and the update left deleted: copier keeps a
+    deletion as the user's edit, so the template's fixes to those files were not applied."""
+    deleted = sorted(path for path in missing if not (project / path).exists())
+    return Outcome(outcome.plan, outcome.changed, outcome.conflicts, deleted, first)
+
+
 def _answers_problem(answers: dict[str, Any]) -> str | None:
     """What a hand edit broke in the answers, so that no template could render them, if anything."""
     backend, strategy = answers.get("backend"), answers.get("strategy")
@@ -138,9 +206,11 @@ def _answers_problem(answers: dict[str, Any]) -> str | None:
         return f"strategy {strategy!r} is not a {backend} strategy; use one of: {', '.join(strategies(backend))}"
     for key, problem_of in (("project_name", project_name_problem), ("package_name", package_name_problem)):
         value = answers.get(key)
-        problem = problem_of(value) if isinstance(value, str) else f"{key} is missing"
+        problem = problem_of(value) if isinstance(value, str) else f"{key} is missing or not text"
         if problem:
             return problem
+    if "description" in answers:
+        return description_problem(answers["description"])
     return None
 
 

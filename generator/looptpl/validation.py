@@ -59,8 +59,8 @@ def package_name_problem(name: str) -> str | None:
         return f"the package name is {len(name)} characters long; use at most {MAX_NAME}"
     if not PACKAGE_NAME.match(name):
         return (
-            f"package name {name!r} is not a valid package name; start with a lowercase letter and use lowercase "
-            "letters, digits and underscores, e.g. my_project"
+            f"package name {name!r} is not a valid Python identifier for a package: start with a lowercase letter "
+            "and use lowercase letters, digits and underscores, e.g. my_project"
         )
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return f"package name {name!r} is a Python keyword; choose another, e.g. {name}_model"
