@@ -1,12 +1,16 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
+import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -89,11 +93,13 @@ def relative_difference(left: dict, right: dict) -> float:
 
     Over the whole model, not per tensor: Adam turns the float noise of a gradient that is exactly
     zero in theory (an attention key bias) into steps the size of the learning rate, so one such
-    tensor would differ by percent between 1 and N ranks without any bug in the loop.
+    tensor would differ by percent between 1 and N ranks without any bug in the loop. Takes torch
+    tensors or NumPy arrays.
     """
     assert left.keys() == right.keys()
-    difference = sum(float(((left[name] - right[name]).double() ** 2).sum()) for name in left)
-    size = sum(float((left[name].double() ** 2).sum()) for name in left)
+    as_float = {name: (np.asarray(left[name], np.float64), np.asarray(right[name], np.float64)) for name in left}
+    difference = sum(float(((one - two) ** 2).sum()) for one, two in as_float.values())
+    size = sum(float((one**2).sum()) for one, _ in as_float.values())
     return math.sqrt(difference / max(size, 1e-30))
 
 
@@ -101,3 +107,34 @@ def user_files(package: Path) -> set[str]:
     """The file names in a generated package that are the user's: copier.yml's _skip_if_exists, as rendered there."""
     listed = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())["_skip_if_exists"]
     return {Path(entry).name for entry in listed if (package / Path(entry).name).is_file()}
+
+
+def copy_project(example: Path, destination: Path) -> Path:
+    shutil.copytree(example, destination, ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info"))
+    return destination
+
+
+def edit(project: Path, file: str, old: str, new: str) -> None:
+    path = next((project / "src").glob(f"*/{file}"))
+    text = path.read_text()
+    assert old in text, f"{file} no longer holds {old!r}"
+    path.write_text(text.replace(old, new))
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def doc_blocks(section: str) -> dict[str, str]:
+    """The ```python title="FILE" blocks of a section of docs/todos.md, by file: the code a user copies."""
+    text = (REPO_ROOT / "docs" / "todos.md").read_text()
+    body = text.split(f"\n### {section}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return dict(re.findall(r'```python title="([\w.]+)"\n(.*?)```', body, flags=re.DOTALL))
+
+
+def write_blocks(project: Path, blocks: dict[str, str], append: tuple[str, ...] = ()) -> None:
+    """Replace the project's user files with the blocks (or append to them, for those in `append`)."""
+    package = project / "src" / answers(project)["package_name"]
+    for name, code in blocks.items():
+        path = package / name
+        path.write_text((path.read_text() + "\n\n" if name in append else "") + code)

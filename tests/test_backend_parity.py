@@ -102,6 +102,10 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
         return tf.data.Dataset.from_tensor_slices((ARRAYS[name + "_x"], ARRAYS[name + "_y"]))
 
     return train, split("val"), split("test")
+
+
+def make_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    return dataset.batch(batch_size)
 '''
 
 TF_MODEL = '''"""Parity test: one linear layer with fixed initial weights."""

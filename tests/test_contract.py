@@ -8,17 +8,27 @@ the same global batch, and each equivalence test also shows that it would catch 
 about (a naive variant that must fail it).
 """
 
-import json
 import math
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, answers, looptpl, relative_difference, run, train_torch, trained_weights
+from conftest import (
+    REPO_ROOT,
+    answers,
+    copy_project,
+    doc_blocks,
+    edit,
+    looptpl,
+    records,
+    relative_difference,
+    run,
+    train_torch,
+    trained_weights,
+    write_blocks,
+)
 
 LM = REPO_ROOT / "examples" / "torch-charlm-ddp"
 GAN = REPO_ROOT / "examples" / "torch-gan-ddp"
@@ -32,18 +42,6 @@ TINY_LM = ("--epochs", "1", "--train-functions", "192", "--eval-functions", "51"
 TINY_LM += ("--width", "32", "--layers", "1", "--heads", "2", "--global-batch-size", "16", "--train-in-eval-mode")
 
 
-def copy_project(example: Path, destination: Path) -> Path:
-    shutil.copytree(example, destination, ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info"))
-    return destination
-
-
-def edit(project: Path, file: str, old: str, new: str) -> None:
-    path = next((project / "src").glob(f"*/{file}"))
-    text = path.read_text()
-    assert old in text, f"{file} no longer holds {old!r}"
-    path.write_text(text.replace(old, new))
-
-
 def run_failing(project: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
     """One training process that must fail; returns its output."""
     module = ["-m", f"{answers(project)['package_name']}.train", "--run-dir", str(run_dir), "--device", "cpu"]
@@ -52,10 +50,6 @@ def run_failing(project: Path, run_dir: Path, *flags: str) -> subprocess.Complet
     )
     assert result.returncode != 0, result.stdout[-3000:]
     return result
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -129,21 +123,6 @@ def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_pat
         {**record, "epoch_time_s": records(tmp_path / "straight")[index]["epoch_time_s"]}
         for index, record in enumerate(records(tmp_path / "resumed"))
     ]
-
-
-def doc_blocks(section: str) -> dict[str, str]:
-    """The ```python title="FILE" blocks of a section of docs/todos.md, by file: the code a user copies."""
-    text = (REPO_ROOT / "docs" / "todos.md").read_text()
-    body = text.split(f"\n### {section}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    return dict(re.findall(r'```python title="([\w.]+)"\n(.*?)```', body, flags=re.DOTALL))
-
-
-def write_blocks(project: Path, blocks: dict[str, str], append: tuple[str, ...] = ()) -> None:
-    """Replace the project's user files with the blocks (or append to them, for those in `append`)."""
-    package = project / "src" / answers(project)["package_name"]
-    for name, code in blocks.items():
-        path = package / name
-        path.write_text((path.read_text() + "\n\n" if name in append else "") + code)
 
 
 @pytest.fixture(scope="module")

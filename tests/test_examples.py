@@ -16,7 +16,7 @@ DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
 EXAMPLES = [
     pytest.param(REPO_ROOT / "examples" / name, id=name)
-    for name in ("torch-digits-ddp", "tf-digits-mirrored", "torch-charlm-ddp", "torch-gan-ddp")
+    for name in ("torch-digits-ddp", "tf-digits-mirrored", "torch-charlm-ddp", "torch-gan-ddp", "tf-gan-mirrored")
 ]
 
 needs_sklearn = pytest.mark.skipif(

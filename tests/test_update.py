@@ -451,7 +451,7 @@ def test_help(command):
 def build_wheel(tmp_path: Path, version: str, change: Callable[[Path], None] | None) -> Path:
     """A wheel of this checkout with `version`, its template changed by `change`; built offline."""
     source = tmp_path / f"source-{version}"
-    for name in ("generator", "templates"):
+    for name in ("generator", "templates", "examples"):  # the wheel ships the examples too
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("copier.yml", "pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, source)

@@ -39,8 +39,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def skipping(tmp_path_factory):
-    """A Conv2D model (which must not run on an empty batch) and a NaN training sample (whose update
-    every replica must skip alike), with --nan-policy skip, on two replicas and on one."""
+    """A Conv2D model (on short and empty batches) and a NaN training sample (whose update every
+    replica must skip alike), with --nan-policy skip, on two replicas and on one."""
     root = tmp_path_factory.mktemp("skipping")
     sources = sources_with_a_nan_training_sample(root / "nan_sample", sources_with_a_conv_model(root / "conv"))
     flags = (*TRAIN_FLAGS, "--nan-policy", "skip", "--grad-accum-steps", "2")
@@ -55,8 +55,8 @@ def skipping(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", ["two", "two_accum"])
 def test_two_replicas_match_one(reference, runs, variant):
-    # The short last batch (3 samples) is split unevenly over replicas and micro-steps, one replica getting none:
-    # it must still give the same update as on one replica.
+    # The short last batch (7 samples) is split unevenly over replicas and micro-steps: it must
+    # still give the same update as on one replica.
     root, _ = runs
     assert_same_weights(final_weights(reference), final_weights(root / variant), atol=1e-5)
     assert_same_metrics(metrics(reference), metrics(root / variant), rel=1e-4)
@@ -94,9 +94,10 @@ def test_a_nan_loss_stops_every_replica(runs):
     assert not list((root / "nan" / "checkpoints").glob("*.index"))
 
 
-def test_every_replica_skips_the_nan_update_and_runs_conv_on_empty_batches(skipping):
-    # The last batch (3 samples) leaves replica 1 nothing, and the last evaluation batch too: the Conv2D
-    # model must not run on them. Sample 5 is NaN: its update is skipped once per epoch.
+def test_every_replica_skips_the_nan_update_and_runs_conv_on_short_batches(skipping):
+    # The last batch (7 samples) gives each micro-batch 1 or 2 samples, and the last evaluation
+    # step leaves replica 1 none: the Conv2D model must give the same results on them.
+    # Sample 5 is NaN: its update is skipped once per epoch.
     records = metrics(skipping / "two")
     assert [record["skipped_updates"] for record in records] == [1, 1, 1]
     assert summary(skipping / "two")["steps"] == 3 * 25

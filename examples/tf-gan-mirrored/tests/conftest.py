@@ -19,9 +19,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-# 1003 training samples = 25 global batches of 40 + a last one of 3: on 2 replicas (20 samples
-# each), replica 0 gets all 3 and replica 1 none. 251 validation samples in batches of 100 per
-# replica: the last step gives 51 to replica 0 and none to replica 1.
+# 1007 training samples = 25 global batches of 40 + a last one of 7: on 2 replicas (20 samples
+# each) it splits 3 + 4, and with --grad-accum-steps 2 into micro-batches of 1, 2, 2 and 2.
+# 251 validation samples in batches of 100 per replica: the last step gives 51 to replica 0 and
+# none to replica 1.
 TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100")
 
 
@@ -133,7 +134,7 @@ def edited_sources(directory: Path, file: str, old: str, new: str, sources: Path
 
 
 def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
-    """model.py with two Conv2D layers: on the CPU, oneDNN's Conv2D mishandles empty batches inside a tf.function."""
+    """model.py with two Conv2D layers, which run on short batches in training and on empty ones in evaluation."""
     convolutions = (
         "            keras.layers.Reshape((NUM_FEATURES, 1, 1)),\n"
         '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'
@@ -147,5 +148,5 @@ def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "s
 def sources_with_a_nan_training_sample(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
     """data.py whose training sample 5 holds a NaN input: the update on its batch gets a NaN gradient."""
     targets = "        targets = (np.tanh(inputs @ hidden) @ readout).argmax(axis=1)\n"
-    nan_sample = "        if size == 1003:  # the train split\n            inputs[5, 0] = np.nan\n"
+    nan_sample = "        if size == 1007:  # the train split\n            inputs[5, 0] = np.nan\n"
     return edited_sources(directory, "data.py", targets, targets + nan_sample, sources)

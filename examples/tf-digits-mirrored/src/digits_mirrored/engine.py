@@ -54,9 +54,6 @@ class Trainer:
             # Models without trainable weights (a distillation teacher) are only run: no optimizer,
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
-            # With several optimizers every update trains on a whole global batch: the short last
-            # one of an epoch is left out (a different one each epoch, as the order is reshuffled).
-            self.whole_batches = len(trained) > 1
             self.updates_per_epoch, self.samples_per_epoch = self.epoch_size()
             schedule = build_schedule(config, self.updates_per_epoch * config.epochs)
             # One stage per optimizer, each updating the model of the same name (stages.py).
@@ -86,9 +83,9 @@ class Trainer:
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes)
 
     def epoch_size(self) -> tuple[int, int]:
-        """Updates and samples trained per epoch: the last global batch is short, or left out."""
+        """Updates and samples trained per epoch: a short last batch is kept if every micro-batch gets a sample."""
         full, rest = divmod(self.train_size, self.config.global_batch_size)
-        if self.whole_batches or rest == 0:
+        if rest < self.strategy.num_replicas_in_sync * self.config.grad_accum_steps:
             return full, full * self.config.global_batch_size
         return full + 1, self.train_size
 
@@ -201,8 +198,10 @@ class Trainer:
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) weights on the test set and return the summary."""
         tested = "last"
-        if self.config.test_on == "best" and self.checkpointer.restore_best_weights(self.trained):
-            tested = f"best (epoch {int(self.early_stopping.best_epoch.numpy())})"
+        if self.config.test_on == "best":
+            tested = self.checkpointer.restore_best_weights(self.trained)
+            if tested == "best":
+                tested = f"best (epoch {int(self.early_stopping.best_epoch.numpy())})"
         summary: dict[str, Any] = {
             "epochs_run": int(self.epoch.numpy()),
             "steps": int(self.step.numpy()),
@@ -213,7 +212,6 @@ class Trainer:
             **self.evaluate("test"),
             "train_samples_per_s": round(samples_per_second, 1),
         }
-        finite_or_raise(summary, "the final test")
         if self.logger is not None:
             self.logger.close()
         return summary

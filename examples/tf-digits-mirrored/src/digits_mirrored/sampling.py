@@ -1,11 +1,13 @@
 """Which samples each replica sees. Managed by the looptpl template: edit data.py instead.
 
 Training: every epoch, one seeded shuffle of the train set, the same in every run and after
---resume, is cut into per-replica batches of global_batch_size / replicas samples. One input
-pipeline feeds the replicas in turn (replica r takes the r-th batch of each step), so the union
-over replicas is exactly the global batch one replica would see. At the end of an epoch a
-replica may get a short batch, or an empty one. Nothing is sharded: tf.data's auto-shard
-policies split data across workers, and this strategy has one.
+--resume, is cut into global batches of --global-batch-size samples, and each global batch into
+one near-equal part per replica. One input pipeline feeds the replicas in turn (replica r takes
+part r of each global batch), so the union over replicas is exactly the global batch one replica
+would see. A short last batch is kept if each micro-batch of each replica gets at least one
+sample (train_step.py splits a replica's part evenly); a last batch with fewer samples than
+replicas x --grad-accum-steps is left out, a different one every epoch. Nothing is sharded:
+tf.data's auto-shard policies split data across workers, and this strategy has one.
 
 Evaluation: each sample goes to exactly one replica, once, in batches of --eval-batch-size; a
 replica left without samples at the end gets an empty batch, which adds nothing to the metrics.
@@ -50,14 +52,21 @@ def batches(dataset: tf.data.Dataset, batch_size: int, split: str) -> tf.data.Da
 def distribute_train(
     strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, config: TrainConfig, epoch: int, samples: int
 ) -> tf.distribute.DistributedDataset:
-    """The first `samples` of the train set's order for one epoch, batched per replica and distributed."""
+    """The first `samples` of the train set's order for one epoch, in global batches, a part per replica."""
     buffer = config.shuffle_buffer or split_size(dataset, "train")
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # seed + epoch: a new order every epoch, the same in every run and after --resume.
         shuffled = dataset.shuffle(buffer, seed=config.seed + epoch, reshuffle_each_iteration=False).take(samples)
-        per_replica = context.get_per_replica_batch_size(config.global_batch_size)
-        return _pipeline(batches(shuffled, per_replica, "train"))
+        replicas = context.num_replicas_in_sync
+        mine = replicas // context.num_input_pipelines  # the replicas this pipeline feeds, in turn
+        first = context.input_pipeline_id * mine
+
+        def replica_parts(*items: object) -> tf.data.Dataset:
+            batch = items[0] if len(items) == 1 else items  # tf.data passes a tuple's items as arguments
+            return tf.data.Dataset.range(first, first + mine).map(lambda replica: part(batch, replica, replicas))
+
+        return _pipeline(batches(shuffled, config.global_batch_size, "train").flat_map(replica_parts))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -73,6 +82,14 @@ def distribute_eval(
         return _pipeline(tf.data.Dataset.zip(indices, batches(dataset, batch_size, split)))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def part(batch: object, index: tf.Tensor | int, parts: int) -> object:
+    """Part `index` of a batch cut into `parts` near-equal parts (one row each at least, given `parts` rows)."""
+    rows = tf.shape(tf.nest.flatten(batch)[0])[0]
+    index = tf.cast(index, tf.int32)
+    start, end = index * rows // parts, (index + 1) * rows // parts
+    return tf.nest.map_structure(lambda tensor: tensor[start:end], batch)
 
 
 def _pipeline(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -21,7 +21,8 @@ from . import distributed
 from .config import TrainConfig, parse_config
 from .data import build_datasets
 from .engine import Trainer
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, first_line
+from .evaluation import finite_or_raise
 
 
 def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
@@ -53,14 +54,16 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
     if config.resume:
         trainer.resume()
     summary = trainer.fit()
-    if not runtime.is_chief:
-        return
     if summary is None:
-        print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
+        if runtime.is_chief:
+            print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
         return
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    width = max(map(len, summary))
-    print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+    if runtime.is_chief:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        width = max(map(len, summary))
+        print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+    # The summary is written either way; a NaN test result still fails the run.
+    finite_or_raise(summary, "the final test")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except tf.errors.InvalidArgumentError as error:
+        # A value the compiled step refused as it ran (a label out of range, a sample of another
+        # shape): TensorFlow raises it from inside the graph, with no line of your code to name.
+        print(
+            f"error: a batch was refused ({first_line(error)}); check the samples data.py gives (labels in range, "
+            "shapes) and make_batches",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

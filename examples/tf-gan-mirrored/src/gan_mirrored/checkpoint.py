@@ -81,16 +81,22 @@ class Checkpointer:
             f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
         )
 
-    def restore_best_weights(self, model: keras.Model) -> bool:
-        """Load the best epoch's weights into `model` (for the final test); False if there is none."""
+    def restore_best_weights(self, model: keras.Model | dict[str, keras.Model]) -> str:
+        """Load the best epoch's weights into `model` (for the final test).
+
+        Returns "best", or "last" when there is no best checkpoint, or "last (best unreadable)" when
+        it is damaged: the last weights are then kept as they were, and tested instead.
+        """
         path = tf.train.latest_checkpoint(str(self.directory / "best"))
         if path is None:
-            return False
+            return "last"
+        variables = [variable for network in tf.nest.flatten(model) for variable in network.weights]
+        last = [variable.numpy() for variable in variables]
         try:
             tf.train.Checkpoint(model=model).read(path).expect_partial()  # only the weights
-        except Exception as error:
-            raise CheckpointError(
-                f"the best checkpoint {path} is unreadable ({first_line(error)}); test the last weights with --resume "
-                "--test-on last"
-            ) from None
-        return True
+        except Exception as error:  # a damaged file raises DataLossError, NotFoundError, ...
+            print(f"warning: cannot load the best checkpoint {path} ({first_line(error)}); testing the last weights")
+            for variable, value in zip(variables, last, strict=True):  # a read cut short may have loaded some
+                variable.assign(value)
+            return "last (best unreadable)"
+        return "best"

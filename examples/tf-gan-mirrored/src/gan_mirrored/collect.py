@@ -14,6 +14,18 @@ import tensorflow as tf
 
 from .errors import StepError
 
+SUM = tf.distribute.ReduceOp.SUM
+
+# Whether the engine runs several updates in one tf.function call (--steps-per-call above 1); set
+# by train_step.py before it traces.
+_updates_in_a_loop = False
+
+
+def run_updates_in_a_loop(several: bool) -> None:
+    """Tell gather_with_grad whether one tf.function call runs several updates in a graph loop."""
+    global _updates_in_a_loop
+    _updates_in_a_loop = several
+
 
 @dataclass(init=False)
 class Mean:
@@ -47,13 +59,6 @@ class Mean:
             self.total, self.weight = tf.reduce_sum(values * weights), tf.reduce_sum(weights)
         self.per = per
 
-    @classmethod
-    def of_sums(cls, total: tf.Tensor, weight: tf.Tensor, per: str = "sample") -> "Mean":
-        """A Mean from its sums: `total` = sum(values * weights), `weight` = sum(weights)."""
-        mean = cls.__new__(cls)
-        mean.total, mean.weight, mean.per = total, weight, per
-        return mean
-
 
 @dataclass
 class Gather:
@@ -86,11 +91,32 @@ def gather_with_grad(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return tensor, tf.constant(0)
-    # all_gather takes rows of any number per replica; its gradient sums the upstream gradients
-    # over the replicas and hands each replica the slice of its own rows.
-    rows = context.all_gather(tensor, axis=0)
-    counts = context.all_gather(tf.shape(tensor)[:1], axis=0)
-    return rows, tf.reduce_sum(counts[: context.replica_id_in_sync_group])
+    if _updates_in_a_loop:
+        # In the graph loop of several updates, one replica may start the next update's gather while
+        # another still runs this one's, and TensorFlow pairs collectives by position, not by update.
+        raise StepError(
+            "gather_with_grad needs one update per call on several replicas: run with --steps-per-call 1 "
+            '(or DEFAULTS = {"steps_per_call": 1} in settings.py)'
+        )
+    replicas, me, rows = context.num_replicas_in_sync, context.replica_id_in_sync_group, tf.shape(tensor)[0]
+    counts = tf.cast(context.all_reduce(SUM, tf.one_hot(me, replicas) * tf.cast(rows, tf.float32)), tf.int32)
+    start, total = tf.reduce_sum(counts[:me]), tf.reduce_sum(counts)
+
+    # Each replica places its rows at their offset in zeros and one all-reduce sums them: x + 0 is
+    # exact, so that is the concatenation. (ReplicaContext.all_gather does the same in one op, but its
+    # collectives can pair up out of order with the engine's own on the CPU.)
+    @tf.custom_gradient
+    def gather(local: tf.Tensor) -> tuple[tf.Tensor, object]:
+        padding = [[start, total - start - rows]] + [[0, 0]] * (local.shape.rank - 1)
+        everyone = context.all_reduce(SUM, tf.pad(local, padding))
+
+        def back(upstream: tf.Tensor) -> tf.Tensor:
+            # Every replica's loss may depend on these rows: sum their gradients, keep this replica's rows.
+            return context.all_reduce(SUM, upstream)[start : start + rows]
+
+        return everyone, back
+
+    return gather(tensor), start
 
 
 def check_train_value(value: object, stage: str) -> Mean:

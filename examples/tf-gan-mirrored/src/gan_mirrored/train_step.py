@@ -12,10 +12,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .collect import Mean, check_train_value
+from .collect import Mean, check_train_value, run_updates_in_a_loop
 from .config import TrainConfig
 from .distributed import Runtime
 from .errors import StepError, user_code_error
+from .sampling import part
 from .stages import Stage
 from .step import train_step
 
@@ -43,13 +44,14 @@ class TrainStep:
         self.models = models  # what model.py built, handed to step.py as it is
         self.stages = stages
         self.epoch, self.step = counters  # epochs completed, updates applied (by any stage)
-        self.micro_batch_size = config.check_batch_split(self.strategy.num_replicas_in_sync)
+        config.check_batch_split(self.strategy.num_replicas_in_sync)  # full batches split into equal micro-batches
         # --nan-policy stop allows no skipped update: the first one stops the run.
         self.allowed_skips = config.max_consecutive_skips if config.nan_policy == "skip" else 0
         self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
         # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
         # but the batch size, so the short last batch runs the same graph, not a retrace.
         self.call = tf.function(self._updates)
+        run_updates_in_a_loop(config.steps_per_call > 1)
 
     def gave_up(self) -> Stage | None:
         """The stage that skipped more updates in a row than the NaN policy allows, if any."""
@@ -87,8 +89,10 @@ class TrainStep:
         Returns the global [loss total, weight] of each stage, which stages applied their update,
         and this replica's number of samples.
         """
-        size = self.micro_batch_size
-        micro_batches = [_rows(batch, index * size, size) for index in range(self.config.grad_accum_steps)]
+        # Near-equal micro-batches, each with at least one sample (sampling.py keeps a short last
+        # batch only then): a short batch is spread evenly, not left to the last micro-step.
+        parts = self.config.grad_accum_steps
+        micro_batches = [part(batch, index, parts) for index in range(parts)]
         # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
         # loss per stage and is resumed stage by stage, after the previous stage's update.
         steps = [self._losses(micro_batch) for micro_batch in micro_batches]
@@ -159,28 +163,11 @@ class TrainStep:
 
     def _losses(self, micro_batch: Any) -> Iterator[tuple[str, Mean]]:
         """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
-        if len(self.stages) > 1:
-            # Every micro-batch holds samples here: with several optimizers the engine trains on whole
-            # global batches only (engine.py).
-            result = train_step(self.models, micro_batch, self.config)
-            if not isinstance(result, Iterator):
-                names = [stage.name for stage in self.stages]
-                raise StepError(f"optim.py has the optimizers {names}: train_step must yield (name, Mean) for each")
+        result = train_step(self.models, micro_batch, self.config)
+        if isinstance(result, Iterator):
             yield from result
-            return
-        # An empty micro-batch (the end of an epoch can leave a replica none) adds nothing to the
-        # loss, so the model is not run on it: a BatchNormalization layer would average over no
-        # samples and store NaN statistics.
-        name, per = self.stages[0].name, []
-
-        def with_samples() -> tuple[tf.Tensor, tf.Tensor]:
-            result = train_step(self.models, micro_batch, self.config)
-            mean = next(result)[1] if isinstance(result, Iterator) else result
-            per.append(check_train_value(mean, name).per)
-            return mean.total, mean.weight
-
-        total, weight = tf.cond(_row_count(micro_batch) > 0, with_samples, lambda: (tf.constant(0.0), tf.constant(0.0)))
-        yield name, Mean.of_sums(total, weight, per[0])
+        else:
+            yield self.stages[0].name, result
 
     def _next_loss(self, losses: Iterator[tuple[str, Mean]], stage: Stage) -> Mean:
         try:
@@ -240,8 +227,3 @@ class TrainStep:
 def _row_count(batch: Any) -> tf.Tensor:
     """The number of samples in a batch: the first dimension of its first tensor."""
     return tf.shape(tf.nest.flatten(batch)[0])[0]
-
-
-def _rows(batch: Any, start: int, size: int) -> Any:
-    """Rows [start, start + size) of every tensor in `batch`: fewer, or none, past its end."""
-    return tf.nest.map_structure(lambda tensor: tensor[start : start + size], batch)

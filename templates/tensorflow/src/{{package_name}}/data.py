@@ -34,7 +34,7 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
         targets = (np.tanh(inputs @ hidden) @ readout).argmax(axis=1)
         return tf.data.Dataset.from_tensor_slices((inputs.astype(np.float32), targets.astype(np.int32)))
 
-    return make_split(1003), make_split(251), make_split(257)
+    return make_split(1007), make_split(251), make_split(257)
 
 
 def make_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:

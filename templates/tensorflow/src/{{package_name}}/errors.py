@@ -14,6 +14,14 @@ class RunError(Exception):
 
     exit_code = 1
 
+    def __str__(self) -> str:
+        # Raised while TensorFlow traced a step, the error comes back re-made by AutoGraph, its
+        # message prefixed with the traced call stack: the problem is the last line.
+        text = super().__str__()
+        if text.startswith("in user code:"):
+            text = text.strip().splitlines()[-1].strip().removeprefix(f"{type(self).__name__}: ")
+        return text
+
 
 class ConfigError(RunError):
     """A flag value that cannot work."""

@@ -1,0 +1,195 @@
+"""The user contract of the TensorFlow template holds for the shapes people train: a padded,
+token-weighted language model; a GAN with two optimizers and a frozen judge; a contrastive loss
+that needs every replica's embeddings; Gather rows back in dataset order.
+
+Each runs a `--strategy mirrored` project on 1 and on 2 logical CPU replicas: N replicas must train
+exactly like one with the same global batch, and each equivalence test also shows that it would
+catch the bug it is about (a naive variant that must fail it).
+"""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    REPO_ROOT,
+    answers,
+    copy_project,
+    doc_blocks,
+    edit,
+    looptpl,
+    records,
+    relative_difference,
+    run,
+    write_blocks,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("sklearn") is None,
+        reason="needs TensorFlow and scikit-learn: pip install tensorflow-cpu scikit-learn",
+    ),
+]
+
+GAN = REPO_ROOT / "examples" / "tf-gan-mirrored"
+# Relative difference of the trained weights allowed between 1 and 2 replicas: float noise is ~1e-7.
+TOLERANCE = 1e-5
+ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TF_NUM_INTRAOP_THREADS": "1"}
+
+
+def train_tf(project: Path, run_dir: Path, *flags: str, replicas: int = 1, expect_success: bool = True) -> str:
+    """Train a mirrored project on `replicas` logical CPU devices; returns its output."""
+    module = ["-m", f"{answers(project)['package_name']}.train", "--run-dir", str(run_dir), "--no-progress"]
+    environment = {**ENVIRONMENT, "PYTHONPATH": str(project / "src")}
+    result = run([sys.executable, *module, "--cpu-replicas", str(replicas), *flags], cwd=project, env=environment)
+    assert (result.returncode == 0) == expect_success, result.stdout[-5000:]
+    return result.stdout
+
+
+def tf_weights(run_dir: Path) -> dict[str, np.ndarray]:
+    """The trained weights in a run's newest checkpoint, by checkpoint name."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    names = reader.get_variable_to_dtype_map()
+    return {name: reader.get_tensor(name) for name in names if "_trainable_variables/" in name}
+
+
+def mirrored_project(root: Path, name: str) -> Path:
+    project = root / name
+    result = looptpl("new", str(project), "--backend", "tensorflow", "--strategy", "mirrored", "--no-git")
+    assert result.exit_code == 0, result.stderr
+    return project
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory) -> Path:
+    project = mirrored_project(tmp_path_factory.mktemp("tf_lm"), "lm")
+    write_blocks(project, doc_blocks("TensorFlow: token-level language model"))
+    return project
+
+
+TINY_LM = ("--epochs", "1", "--schedule", "constant", "--warmup-steps", "0")
+
+
+def test_token_weighted_loss_is_exact_over_replicas_and_micro_steps(lm, tmp_path):
+    # Functions of 48-160 bytes, padded per replica batch: the update is only right if the engine
+    # divides by the real tokens of all replicas and micro-steps together.
+    train_tf(lm, tmp_path / "one", *TINY_LM)
+    train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2)
+    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) < TOLERANCE
+    one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+    assert one["val_tokens"] == two["val_tokens"] > 51 * 40  # every real token of the split, counted once
+    assert one["val_perplexity"] == pytest.approx(math.exp(one["val_loss"]))
+
+
+def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
+    # The bug of transformers#34242: each micro-batch averaged over its own tokens, then averaged.
+    naive = copy_project(lm, tmp_path / "naive")
+    edit(
+        naive,
+        "step.py",
+        '    return Mean(losses, weights=mask, per="token")\n\n\ndef eval_step',
+        "    return Mean(tf.reshape(tf.reduce_sum(losses * mask) / tf.reduce_sum(mask), [1]))\n\n\ndef eval_step",
+    )
+    train_tf(naive, tmp_path / "one", *TINY_LM)
+    train_tf(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2)
+    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) > 10 * TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def gan(tmp_path_factory) -> Path:
+    return copy_project(GAN, tmp_path_factory.mktemp("tf_gan") / "project")
+
+
+GAN_RUN = ("--epochs", "2", "--global-batch-size", "64")
+
+
+def test_gan_trains_both_networks_alike_on_two_replicas_with_accumulation(gan, tmp_path):
+    train_tf(gan, tmp_path / "one", *GAN_RUN)
+    train_tf(gan, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", replicas=2)
+    one, two = tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")
+    # Both trained networks, and not the frozen judge (its 1257 stored images are no trainable weight).
+    assert {name.split("/")[1] for name in one} == {"discriminator", "generator"}
+    assert relative_difference(one, two) < TOLERANCE
+    record = records(tmp_path / "two")[-1]
+    assert {"train_discriminator_loss", "train_generator_loss", "val_diversity"} <= record.keys()
+    assert record["step"] == 2 * (1257 // 64)  # whole global batches only, with two optimizers
+
+
+def test_gan_with_a_loss_summed_per_micro_batch_fails_the_same_check(gan, tmp_path):
+    # The generator's loss as one sum per micro-batch (a loss written for one replica, to be divided
+    # by the batch later): right on one replica, scaled by the micro-batches' number on two.
+    naive = copy_project(gan, tmp_path / "naive")
+    judged = "scored_as(discriminator([drawn, label], training=True), real=True)"
+    edit(
+        naive,
+        "step.py",
+        f'yield "generator", Mean({judged})',
+        f'yield "generator", Mean(tf.reshape(tf.reduce_sum({judged}), [1]))',
+    )
+    train_tf(naive, tmp_path / "one", *GAN_RUN)
+    train_tf(naive, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", replicas=2)
+    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) > 10 * TOLERANCE
+
+
+def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+    train_tf(gan, tmp_path / "straight", *GAN_RUN)
+    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-epoch", "1")  # of 2
+    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    assert relative_difference(tf_weights(tmp_path / "straight"), tf_weights(tmp_path / "resumed")) == 0
+    timeless = [{**record, "epoch_time_s": 0} for record in records(tmp_path / "straight")]
+    assert [{**record, "epoch_time_s": 0} for record in records(tmp_path / "resumed")] == timeless
+
+
+@pytest.mark.parametrize("gather", ["with-grad", "local-only"])
+def test_a_contrastive_loss_over_every_replica_trains_like_one_replica(tmp_path, gather):
+    project = mirrored_project(tmp_path, "contrastive")
+    blocks = doc_blocks("TensorFlow: contrastive")
+    write_blocks(project, {"step.py": blocks["step.py"]})
+    write_blocks(project, {"data.py": blocks["data.py"], "settings.py": blocks["settings.py"]}, append=("data.py", "settings.py"))
+    if gather == "local-only":  # the naive version: each replica's negatives are its own samples only
+        edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
+    flags = ("--epochs", "2", "--global-batch-size", "32")
+    train_tf(project, tmp_path / "one", *flags)
+    train_tf(project, tmp_path / "two", *flags, replicas=2)
+    difference = relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two"))
+    if gather == "with-grad":
+        assert difference < TOLERANCE
+        # Several updates per call could pair one replica's gather with another's next one: refused.
+        output = train_tf(project, tmp_path / "looped", *flags, "--steps-per-call", "4", replicas=2, expect_success=False)
+        assert "gather_with_grad needs one update per call on several replicas: run with --steps-per-call 1" in output
+        assert "Traceback" not in output
+    else:
+        assert difference > 10 * TOLERANCE
+
+
+GATHERED_TARGETS = """
+
+def batch_metrics(outputs: tf.Tensor, targets: tf.Tensor) -> dict[str, Mean | Gather]:
+    predictions = tf.argmax(outputs, axis=1, output_type=targets.dtype)
+    return {"accuracy": Mean(tf.cast(predictions == targets, tf.float32)), "targets": Gather(targets)}
+
+
+def dataset_metrics(means: dict[str, float], gathered: dict[str, np.ndarray]) -> dict[str, float]:
+    from .config import TrainConfig
+    from .data import build_datasets
+
+    val = np.array([int(target) for _, target in build_datasets(TrainConfig())[1]])
+    return {"targets_in_order": float(np.array_equal(gathered["targets"], val))}
+"""
+
+
+def test_gathered_rows_come_back_in_dataset_order_from_every_replica(tmp_path):
+    # 251 validation samples in batches of 16 per replica: the replicas' last batches are short or
+    # empty, and the rows of each batch arrive replica by replica.
+    project = mirrored_project(tmp_path, "gathered")
+    write_blocks(project, {"metrics.py": GATHERED_TARGETS}, append=("metrics.py",))
+    train_tf(project, tmp_path / "run", "--epochs", "1", "--eval-batch-size", "16", replicas=2)
+    record = records(tmp_path / "run")[-1]
+    assert record["val_targets_in_order"] == 1.0 and record["val_samples"] == 251
