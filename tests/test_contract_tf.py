@@ -152,7 +152,9 @@ def test_a_contrastive_loss_over_every_replica_trains_like_one_replica(tmp_path,
     project = mirrored_project(tmp_path, "contrastive")
     blocks = doc_blocks("TensorFlow: contrastive")
     write_blocks(project, {"step.py": blocks["step.py"]})
-    write_blocks(project, {"data.py": blocks["data.py"], "settings.py": blocks["settings.py"]}, append=("data.py", "settings.py"))
+    write_blocks(
+        project, {"data.py": blocks["data.py"], "settings.py": blocks["settings.py"]}, append=("data.py", "settings.py")
+    )
     if gather == "local-only":  # the naive version: each replica's negatives are its own samples only
         edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
     flags = ("--epochs", "2", "--global-batch-size", "32")
@@ -162,7 +164,9 @@ def test_a_contrastive_loss_over_every_replica_trains_like_one_replica(tmp_path,
     if gather == "with-grad":
         assert difference < TOLERANCE
         # Several updates per call could pair one replica's gather with another's next one: refused.
-        output = train_tf(project, tmp_path / "looped", *flags, "--steps-per-call", "4", replicas=2, expect_success=False)
+        output = train_tf(
+            project, tmp_path / "looped", *flags, "--steps-per-call", "4", replicas=2, expect_success=False
+        )
         assert "gather_with_grad needs one update per call on several replicas: run with --steps-per-call 1" in output
         assert "Traceback" not in output
     else:
