@@ -14,14 +14,26 @@ from conftest import REPO_ROOT, answers, looptpl, run, user_files
 
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
+TF_CHARLM = REPO_ROOT / "examples" / "tf-charlm-mirrored"
 EXAMPLES = [
     pytest.param(REPO_ROOT / "examples" / name, id=name)
-    for name in ("torch-digits-ddp", "tf-digits-mirrored", "torch-charlm-ddp", "torch-gan-ddp", "tf-gan-mirrored")
+    for name in (
+        "torch-digits-ddp",
+        "tf-digits-mirrored",
+        "torch-charlm-ddp",
+        "torch-gan-ddp",
+        "tf-gan-mirrored",
+        "tf-charlm-mirrored",
+    )
 ]
 
 needs_sklearn = pytest.mark.skipif(
     importlib.util.find_spec("sklearn") is None,
     reason="examples/torch-digits-ddp loads its data from scikit-learn: pip install scikit-learn",
+)
+needs_tensorflow = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="examples/tf-charlm-mirrored needs TensorFlow: pip install tensorflow-cpu",
 )
 needs_tensorflow_and_sklearn = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("sklearn") is None,
@@ -52,29 +64,55 @@ def test_digits_example_trains_alike_on_one_and_two_ranks(tmp_path):
     assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 1 / 270 + 1e-9, (one, two)
 
 
-def train_tf_digits(run_dir: Path, replicas: int) -> dict:
-    """Two epochs of the TensorFlow digits example on `replicas` logical CPU devices; returns its summary.json."""
-    module = ["-m", "digits_mirrored.train", "--run-dir", str(run_dir), "--cpu-replicas", str(replicas)]
-    flags = ["--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last", "--no-progress"]
+def train_tf_example(example: Path, run_dir: Path, replicas: int, *flags: str) -> dict:
+    """A TensorFlow example trained on `replicas` logical CPU devices; returns its summary.json."""
+    package = answers(example)["package_name"]
+    module = ["-m", f"{package}.train", "--run-dir", str(run_dir), "--cpu-replicas", str(replicas), "--no-progress"]
     environment = {
-        "PYTHONPATH": str(TF_DIGITS / "src"),
+        "PYTHONPATH": str(example / "src"),
         "CUDA_VISIBLE_DEVICES": "",  # logical CPU replicas, also on a machine with GPUs
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "TF_NUM_INTRAOP_THREADS": "1",  # 1 and 2 replicas on equal terms, as with OMP_NUM_THREADS above
     }
-    result = run([sys.executable, *module, *flags], cwd=TF_DIGITS, timeout=300, env=environment)
+    result = run([sys.executable, *module, *flags], cwd=example, timeout=300, env=environment)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads((run_dir / "summary.json").read_text())
 
 
 @needs_tensorflow_and_sklearn
 def test_tf_digits_example_trains_alike_on_one_and_two_replicas(tmp_path):
-    one, two = train_tf_digits(tmp_path / "one", replicas=1), train_tf_digits(tmp_path / "two", replicas=2)
+    flags = ("--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last")
+    one = train_tf_example(TF_DIGITS, tmp_path / "one", 1, *flags)
+    two = train_tf_example(TF_DIGITS, tmp_path / "two", 2, *flags)
     # Two epochs reach about 0.9 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.989.
     assert one["test_accuracy"] > 0.8, one
     assert one["test_samples"] == two["test_samples"] == 270
     # The loop is exact: two replicas follow one up to float rounding, so at most one test image flips.
     assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 1 / 270 + 1e-6, (one, two)
+
+
+@needs_tensorflow
+def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
+    # 256 functions of 48-256 bytes, padded per replica batch: 2 replicas x 2 micro-steps give the
+    # update of 1 replica only if every real token of the global batch weighs the same. Dropout is
+    # off here: 1 and 2 replicas would draw different masks.
+    flags = (
+        "--epochs",
+        "1",
+        "--train-functions",
+        "256",
+        "--eval-functions",
+        "64",
+        "--dropout",
+        "0",
+        "--warmup-steps",
+        "0",
+    )
+    one = train_tf_example(TF_CHARLM, tmp_path / "one", 1, *flags)
+    two = train_tf_example(TF_CHARLM, tmp_path / "two", 2, *flags, "--grad-accum-steps", "2")
+    assert one["test_tokens"] == two["test_tokens"] > 64 * 47  # every real token of the split, counted once
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
+    assert one["test_perplexity"] < 60, one  # 257 is chance; 8 updates already learn the common bytes
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

@@ -134,7 +134,7 @@ def edited_sources(directory: Path, file: str, old: str, new: str, sources: Path
 
 
 def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
-    """model.py with two Conv2D layers, which run on short batches in training and on empty ones in evaluation."""
+    """model.py with two Conv2D layers, which run on short batches."""
     convolutions = (
         "            keras.layers.Reshape((NUM_FEATURES, 1, 1)),\n"
         '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'

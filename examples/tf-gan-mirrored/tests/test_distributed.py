@@ -24,26 +24,30 @@ VAL_SAMPLES, TEST_SAMPLES = 251, 257  # data.py's split sizes: odd on purpose
 def runs(tmp_path_factory):
     """Two-replica runs, started together; the resumed one continues once its first part is done."""
     root = tmp_path_factory.mktemp("runs")
+    stopped = (*TRAIN_FLAGS, "--checkpoint-every", "10")
     started = {
         "two": start_training(root / "two", *TRAIN_FLAGS, replicas=2),
         "two_accum": start_training(root / "two_accum", *TRAIN_FLAGS, "--grad-accum-steps", "2", replicas=2),
-        "resumed": start_training(root / "resumed", *TRAIN_FLAGS, "--stop-after-epoch", "1", replicas=2),
+        # Stopped part-way through epoch 2 (26 updates an epoch), after a checkpoint at update 30.
+        "resumed": start_training(root / "resumed", *stopped, "--stop-after-step", "37", replicas=2),
         # With a zero learning rate the validation loss never improves after the first epoch.
         "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", replicas=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", replicas=2),
     }
     results = {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
-    run_training(root / "resumed", *TRAIN_FLAGS, "--resume", replicas=2)
+    results["resume"] = run_training(root / "resumed", *stopped, "--resume", replicas=2)
     return root, results
 
 
 @pytest.fixture(scope="module")
 def skipping(tmp_path_factory):
-    """A Conv2D model (on short and empty batches) and a NaN training sample (whose update every
-    replica must skip alike), with --nan-policy skip, on two replicas and on one."""
+    """A Conv2D model (on short batches, and on a last validation batch of one sample) and a NaN
+    training sample (whose update every replica must skip alike), with --nan-policy skip, on two
+    replicas and on one."""
     root = tmp_path_factory.mktemp("skipping")
     sources = sources_with_a_nan_training_sample(root / "nan_sample", sources_with_a_conv_model(root / "conv"))
-    flags = (*TRAIN_FLAGS, "--nan-policy", "skip", "--grad-accum-steps", "2")
+    # 125 samples per replica: the 251 validation samples end in a batch of one for two replicas.
+    flags = (*TRAIN_FLAGS, "--eval-batch-size", "125", "--nan-policy", "skip", "--grad-accum-steps", "2")
     started = [
         start_training(root / "two", *flags, sources=sources, replicas=2),
         start_training(root / "one", *flags, sources=sources),
@@ -73,7 +77,8 @@ def test_evaluation_counts_every_sample_once(reference, runs):
 
 
 def test_resume_on_two_replicas_matches_an_uninterrupted_run(runs):
-    root, _ = runs
+    root, results = runs
+    assert "resumed from epoch 1, step 37 (update 11 of epoch 2)" in results["resume"].stdout
     assert_same_weights(final_weights(root / "two"), final_weights(root / "resumed"))
     assert metrics(root / "two") == metrics(root / "resumed")
 
@@ -95,9 +100,9 @@ def test_a_nan_loss_stops_every_replica(runs):
 
 
 def test_every_replica_skips_the_nan_update_and_runs_conv_on_short_batches(skipping):
-    # The last batch (7 samples) gives each micro-batch 1 or 2 samples, and the last evaluation
-    # step leaves replica 1 none: the Conv2D model must give the same results on them.
-    # Sample 5 is NaN: its update is skipped once per epoch.
+    # The last batch (7 samples) gives each micro-batch 1 or 2 samples, and the last validation
+    # batch (1 sample) gives the second replica a repeat to leave out: the Conv2D model must give the
+    # same results on them. Sample 5 is NaN: its update is skipped once per epoch.
     records = metrics(skipping / "two")
     assert [record["skipped_updates"] for record in records] == [1, 1, 1]
     assert summary(skipping / "two")["steps"] == 3 * 25

@@ -1,13 +1,15 @@
 """The loop trains, logs, plots, and refuses bad input, on one replica.
 
-Accumulation, resume, early stopping, empty batches and NaN handling are tested on two replicas in
+Accumulation, resume, early stopping, short batches and NaN handling are tested on two replicas in
 test_distributed.py.
 """
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import (
@@ -15,8 +17,10 @@ from conftest import (
     TRAIN_FLAGS,
     assert_same_weights,
     final_weights,
+    finish,
     metrics,
     run_training,
+    start_training,
     summary,
 )
 
@@ -78,3 +82,21 @@ def test_config_rejects_out_of_range_values():
         TrainConfig(lr=-1.0).validate()
     with pytest.raises(ConfigError, match="--nan-policy skip does not combine with --precision fp16"):
         TrainConfig(nan_policy="skip", precision="fp16").validate()
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(reference, tmp_path):
+    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every check
+    # (here after every update) with a checkpoint, exit status 143, and --resume carries on exactly.
+    flags = (*TRAIN_FLAGS, "--steps-per-call", "1", "--log-every", "1")
+    training = start_training(tmp_path, *flags)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    training.process.send_signal(signal.SIGTERM)
+    result = finish(training, expect_success=False)
+    assert result.returncode == 143, result.stdout
+    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
+    assert "stopped by SIGTERM after" in result.stdout
+    run_training(tmp_path, *flags, "--resume")
+    assert_same_weights(final_weights(reference), final_weights(tmp_path))
+    assert metrics(reference) == metrics(tmp_path)

@@ -132,9 +132,9 @@ def build_datasets(config):
 
 
 def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_path):
-    # Rank 1 dies by SIGKILL in epoch 3 (after ~1000 of its samples); torchrun restarts both ranks,
-    # which resume from the epoch-2 checkpoint.
-    sources = fault_in_rank_1(tmp_path, 1100, "os.kill(os.getpid(), signal.SIGKILL)")
+    # Rank 1 dies by SIGKILL in update 10 of epoch 3 (its 1300th sample; 16 updates per epoch);
+    # torchrun restarts both ranks, which resume from the checkpoint written after update 40.
+    sources = fault_in_rank_1(tmp_path, 1300, "os.kill(os.getpid(), signal.SIGKILL)")
     torchrun = (
         sys.executable,
         "-m",
@@ -144,8 +144,8 @@ def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_p
         "--max-restarts",
         "1",
     )
-    result = run_training(tmp_path / "run", *EPOCHS, sources=sources, launcher=torchrun)
-    assert "resumed from epoch 2" in result.stdout
+    result = run_training(tmp_path / "run", *EPOCHS, "--checkpoint-every", "5", sources=sources, launcher=torchrun)
+    assert "resumed from epoch 2, step 40 (update 8 of epoch 3)" in result.stdout
     assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path / "run"))
     assert metrics(runs / "two") == metrics(tmp_path / "run")
 

@@ -3,19 +3,25 @@
 import importlib.util
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
+    edited_sources,
     final_weights,
+    finish,
     metrics,
     run_training,
     sources_with_a_nan_training_sample,
+    start,
     summary,
+    training_command,
 )
 
 from gan_ddp.config import TrainConfig
@@ -83,6 +89,72 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
     assert summary(tmp_path / "straight")["test_loss"] == summary(tmp_path / "resumed")["test_loss"]
+
+
+def sources_with_random_augmentation(tmp_path):
+    """data.py whose training samples get fresh random noise every time they are loaded."""
+    return edited_sources(
+        tmp_path,
+        "data.py",
+        "    return make_split(1003), make_split(251), make_split(257)",
+        """    class Augmented(TensorDataset):
+        def __getitem__(self, index):
+            inputs, target = super().__getitem__(index)
+            return inputs + 0.3 * torch.randn_like(inputs), target
+
+    return Augmented(*make_split(1003).tensors), make_split(251), make_split(257)""",
+    )
+
+
+def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_workers(tmp_path):
+    # Random augmentation in data.py: the resumed run loads with 2 DataLoader workers, the
+    # uninterrupted one in the main process. Each sample's draws depend on the seed, the epoch and
+    # its index only, and dropout's on the generator state the checkpoint holds, so both runs end
+    # with the same weights, to the bit.
+    sources = sources_with_random_augmentation(tmp_path)
+    model = sources / "gan_ddp" / "model.py"
+    readout = "        nn.Linear(config.hidden_size, NUM_CLASSES),\n"
+    if readout not in model.read_text():
+        pytest.skip("model.py no longer holds the default model this test adds dropout to")
+    model.write_text(model.read_text().replace(readout, "        nn.Dropout(0.3),\n" + readout))
+    flags = ("--epochs", "3", "--checkpoint-every", "10")
+    run_training(tmp_path / "straight", *flags, sources=sources)
+    workers = ("--num-workers", "2")
+    stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
+    assert "stopped after update 23, checkpointed; continue with --resume" in stopped.stdout
+    written = sorted(path.name for path in (tmp_path / "resumed" / "checkpoints").iterdir())
+    # Part-way through epoch 2 (16 updates per epoch): after update 20 and at the stop; the newest two are kept.
+    assert written == ["best.pt", "epoch-0002-step-00000020.pt", "epoch-0002-step-00000023.pt"]
+    run_training(tmp_path / "resumed", *flags, *workers, "--resume", sources=sources)
+    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
+    assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
+
+
+def test_max_steps_ends_part_way_through_an_epoch(tmp_path):
+    run_training(tmp_path, "--max-steps", "20", "--warmup-steps", "5")
+    records = metrics(tmp_path)
+    assert [(record["epoch"], record["step"]) for record in records] == [(1, 16), (2, 20)]
+    assert records[-1]["lr"] == 0.0  # the cosine schedule ran over the 20 updates, not 2 whole epochs
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path):
+    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every
+    # boundary with a checkpoint, exit status 143, and --resume carries on as if nothing happened.
+    flags = ("--epochs", "8", "--log-every", "1")
+    run_training(tmp_path / "straight", *flags)
+    training = start(training_command(tmp_path / "stopped", *flags))
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    training.send_signal(signal.SIGTERM)
+    result = finish(training, expect_success=False)
+    assert result.returncode == 143, result.stdout
+    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
+    assert "stopped by SIGTERM after" in result.stdout
+    assert not list((tmp_path / "stopped").rglob("*.tmp"))
+    run_training(tmp_path / "stopped", *flags, "--resume")
+    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
+    assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
 
 
 def test_early_stopping_ends_the_run(tmp_path):

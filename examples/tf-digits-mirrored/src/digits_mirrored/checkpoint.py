@@ -37,13 +37,16 @@ class ConfigState(tf.train.experimental.PythonState):
 
 
 class Checkpointer:
-    """Saves `epoch-N` after every epoch (the newest --keep-checkpoints) and the best epoch in `best/`."""
+    """Saves `epoch-N` after every epoch (the newest --keep-checkpoints), the best epoch in `best/`, and
+    `steps/step-S` after update S part-way through an epoch (--checkpoint-every, --stop-after-step, SIGTERM)."""
 
     def __init__(self, run_dir: Path, keep: int, **objects: object) -> None:
         self.directory = run_dir / "checkpoints"
         self.checkpoint = tf.train.Checkpoint(**objects)
         self.epochs = tf.train.CheckpointManager(self.checkpoint, str(self.directory), keep, checkpoint_name="epoch")
         self.best = tf.train.CheckpointManager(self.checkpoint, str(self.directory / "best"), 1, checkpoint_name="best")
+        within = self.directory / "steps"  # part-way through an epoch
+        self.steps = tf.train.CheckpointManager(self.checkpoint, str(within), keep, checkpoint_name="step")
 
     def save(self, epoch: int, is_best: bool) -> None:
         """Write `best/best-<epoch>` if it is the best so far, then `epoch-<epoch>`.
@@ -55,15 +58,21 @@ class Checkpointer:
             self.best.save(checkpoint_number=epoch)
         self.epochs.save(checkpoint_number=epoch)
 
-    def restore_latest(self) -> None:
-        """Restore the newest readable epoch checkpoint; a damaged one is reported and skipped.
+    def save_within_epoch(self, update: int) -> None:
+        """Write `steps/step-<update>`, part-way through an epoch."""
+        self.steps.save(checkpoint_number=update)
+
+    def restore_latest(self, updates_per_epoch: int) -> None:
+        """Restore the newest readable checkpoint, epoch end or part-way; a damaged one is reported and skipped.
 
         `checkpoint`, the list of saves, is rewritten only after a save is complete, so a save
         cut short by a crash is not in it. A file damaged later (a truncated copy, a bad disk)
         fails TensorFlow's checks (sizes, a checksum per tensor) and the next older one is used.
         """
-        state = tf.train.get_checkpoint_state(str(self.directory))
-        for path in reversed(state.all_model_checkpoint_paths if state else []):
+        # Newest first, by the update each was written after: epoch N's end is update N x updates_per_epoch.
+        written = [(updates_per_epoch * number, path) for number, path in _saves(self.directory)]
+        written += _saves(self.directory / "steps")
+        for _, path in sorted(written, reverse=True):
             try:
                 status = self.checkpoint.restore(path)
             except Exception as error:  # a damaged file raises DataLossError, NotFoundError, IndexError, ...
@@ -80,6 +89,10 @@ class Checkpointer:
         raise CheckpointError(
             f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
         )
+
+    def holds_checkpoints(self) -> bool:
+        """Whether the run directory holds a finished save of either kind."""
+        return bool(_saves(self.directory) or _saves(self.directory / "steps"))
 
     def restore_best_weights(self, model: keras.Model | dict[str, keras.Model]) -> str:
         """Load the best epoch's weights into `model` (for the final test).
@@ -100,3 +113,10 @@ class Checkpointer:
                 variable.assign(value)
             return "last (best unreadable)"
         return "best"
+
+
+def _saves(directory: Path) -> list[tuple[int, str]]:
+    """The finished saves listed in a directory's `checkpoint` file, with their numbers."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    paths = state.all_model_checkpoint_paths if state else []
+    return [(int(path.rsplit("-", 1)[1]), path) for path in paths]

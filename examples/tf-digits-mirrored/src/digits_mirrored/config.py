@@ -21,6 +21,13 @@ class TrainConfig(Settings):
     switched off with `--no-progress`."""
 
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Train for this many optimizer updates instead of --epochs; the last epoch may end "
+            "part-way. 0: train for --epochs."
+        },
+    )
     global_batch_size: int = field(
         default=64,
         metadata={"help": "Samples per optimizer update, summed over all replicas and accumulation steps."},
@@ -49,6 +56,17 @@ class TrainConfig(Settings):
     stop_after_epoch: int = field(
         default=0,
         metadata={"help": "Stop after this epoch, e.g. to fit a job time limit; --resume later continues. 0: run all."},
+    )
+    stop_after_step: int = field(
+        default=0,
+        metadata={"help": "Stop after this update, with a checkpoint; --resume later continues exactly. 0: run all."},
+    )
+    checkpoint_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also checkpoint every this many updates inside an epoch, for long epochs; --resume "
+            "continues exactly from there. 0: at epoch ends only."
+        },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per replica."})
     shuffle_buffer: int = field(
@@ -118,6 +136,9 @@ class TrainConfig(Settings):
             "cpu_replicas",
             "early_stop_patience",
             "stop_after_epoch",
+            "stop_after_step",
+            "checkpoint_every",
+            "max_steps",
         ]
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -29,7 +29,8 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
     """Create the run directory and save the config there; refuse to mix two runs in one place."""
     run_dir = Path(config.run_dir)
     # The chief's view, shared with every process (distributed.py), so all take the same branch.
-    has_run = runtime.agree(tf.train.latest_checkpoint(str(run_dir / "checkpoints")) is not None)
+    saved = [tf.train.latest_checkpoint(str(run_dir / "checkpoints" / where)) for where in ("", "steps")]
+    has_run = runtime.agree(saved != [None, None])
     if has_run and not config.resume:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     if config.resume and not has_run:
@@ -46,7 +47,8 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
     return run_dir
 
 
-def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
+def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
+    """Train, test and write the summary; returns the exit status."""
     run_dir = prepare_run_dir(config, runtime)
     # The same seed in every run: the same data order and the same initial weights.
     keras.utils.set_random_seed(config.seed)
@@ -56,14 +58,16 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
     summary = trainer.fit()
     if summary is None:
         if runtime.is_chief:
-            print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
-        return
+            print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
+        # 143 (128 + SIGTERM) tells a scheduler the job was stopped, not finished.
+        return 143 if trainer.terminate else 0
     if runtime.is_chief:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         width = max(map(len, summary))
         print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
     # The summary is written either way; a NaN test result still fails the run.
     finite_or_raise(summary, "the final test")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The strategy comes first: it sets up the devices
         # before any other TensorFlow op runs.
-        run(config, distributed.setup(config))
+        return run(config, distributed.setup(config))
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
@@ -84,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
 
 
 if __name__ == "__main__":

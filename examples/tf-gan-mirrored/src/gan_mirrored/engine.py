@@ -1,10 +1,16 @@
 """The training loop: train and validate every epoch, checkpoint, then test.
 
+A run is --epochs passes over the train set, or --max-steps updates. It checkpoints at every
+epoch end and, with --checkpoint-every, part-way through an epoch; --resume continues from the
+newest checkpoint exactly as if the run had not stopped. SIGTERM (what Slurm and Kubernetes send
+before a kill) stops the run at the next --log-every boundary, with a checkpoint.
+
 Managed by the looptpl template: put your own code in step.py, model.py, data.py, loss.py,
 metrics.py, optim.py and settings.py.
 """
 
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -55,11 +61,16 @@ class Trainer:
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
             self.updates_per_epoch, self.samples_per_epoch = self.epoch_size()
-            schedule = build_schedule(config, self.updates_per_epoch * config.epochs)
+            self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
+            self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
+            schedule = build_schedule(config, self.total_updates)
             # One stage per optimizer, each updating the model of the same name (stages.py).
             self.stages = build_stages(build_optimizer(config, schedule), trained, config.precision == "fp16")
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
+            # Written part-way through an epoch: its updates done, and its running totals (train_epoch).
+            self.position = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.running = tf.Variable(tf.zeros([2, len(self.stages), 4], tf.float64), trainable=False)
             self.train_step = TrainStep(config, runtime, self.models, self.stages, (self.epoch, self.step))
             self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
             self.saved_config = ConfigState(config)
@@ -74,9 +85,14 @@ class Trainer:
                 optimizer=optimizers,
                 epoch=self.epoch,
                 step=self.step,
+                position=self.position,
+                running=self.running,
                 early_stopping=self.early_stopping,
                 config=self.saved_config,
             )
+        self.samples_trained = 0  # by this process, for the throughput
+        self.terminate = False  # a SIGTERM arrived
+        self.stopped = ""  # why fit() stopped before the end, in words
         self.logger = MetricLogger(self.run_dir) if runtime.is_chief else None
         self.progress = ProgressBar(config.progress and runtime.is_chief)
         sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
@@ -89,18 +105,26 @@ class Trainer:
             return full, full * self.config.global_batch_size
         return full + 1, self.train_size
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One pass over the training set; returns the mean training loss of each stage (and the skipped updates)."""
-        self.progress.start(epoch + 1, self.config.epochs, self.updates_per_epoch)
+    def train_epoch(self, epoch: int) -> dict[str, float] | None:
+        """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
+
+        Returns None when the run stops part-way through the epoch (--stop-after-step, SIGTERM),
+        after a checkpoint that lets --resume continue from the same update.
+        """
+        first = int(self.position.numpy())
+        end = min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
+        self.progress.start(epoch + 1, self.epochs, end)
         # Summed over the epoch and since the last check, one row per stage: loss total and weight
-        # of applied updates, all weight, skipped updates (train_step.py).
-        epoch_totals = window = tf.zeros([len(self.stages), 4], tf.float64)
-        samples = 0
-        dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch)
+        # of applied updates, all weight, skipped updates (train_step.py). A resumed epoch goes on
+        # from the totals its checkpoint holds.
+        epoch_totals, window = tf.unstack(self.running) if first else (tf.zeros([len(self.stages), 4], tf.float64),) * 2
+        samples, expected = 0, sum(self.batch_sizes()[first:end])
+        dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch, first)
         batches = iter(dataset)
-        updates, log_every = 0, self.config.log_every
-        while updates < self.updates_per_epoch:
-            count = min(self.config.steps_per_call, self.updates_per_epoch - updates)
+        updates, log_every = first, self.config.log_every
+        while updates < end:
+            # A call ends at the epoch's end and at every update that checkpoints.
+            count = min(self.config.steps_per_call, end - updates, self._to_next_checkpoint(epoch, updates))
             try:
                 totals, call_samples = self.train_step.call(batches, tf.constant(count))
             except tf.errors.OutOfRangeError:
@@ -111,18 +135,35 @@ class Trainer:
             epoch_totals, window = epoch_totals + totals, window + totals
             samples += int(call_samples)
             updates += count
+            stop = False
             # Progress and the NaN check at the end of each call that passes a multiple of --log-every.
-            if updates // log_every > (updates - count) // log_every or updates == self.updates_per_epoch:
+            if updates // log_every > (updates - count) // log_every or updates == end:
                 stage = self.train_step.gave_up()
                 if stage is not None:
                     raise TrainingError(self._not_finite_message(epoch, stage))
                 total, kept, _, _ = window[0].numpy()
                 self.progress.update(updates, samples, total / max(1e-12, kept))
                 window = tf.zeros_like(window)
+                stop = self.terminate
+            in_run = epoch * self.updates_per_epoch + updates
+            if updates == end:
+                break  # the epoch end checkpoints (fit)
+            stop = stop or in_run == self.config.stop_after_step
+            if stop or (self.config.checkpoint_every and in_run % self.config.checkpoint_every == 0):
+                self.position.assign(updates)
+                self.running.assign(tf.stack([epoch_totals, window]))
+                self.checkpointer.save_within_epoch(in_run)
+                if stop:
+                    self.progress.finish()
+                    self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {in_run}"
+                    return None
         self.progress.finish()
-        if samples != self.samples_per_epoch:
+        self.position.assign(0)
+        self.running.assign(tf.zeros_like(self.running))  # an epoch-end checkpoint holds no running totals
+        self.samples_trained += samples
+        if samples != expected:
             raise TrainingError(
-                f"trained on {samples} samples this epoch, expected {self.samples_per_epoch}; data.py's make_batches "
+                f"trained on {samples} samples this epoch, expected {expected}; data.py's make_batches "
                 "must keep every sample"
             )
         result: dict[str, float] = {}
@@ -131,6 +172,20 @@ class Trainer:
         if self.config.nan_policy == "skip":
             result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
         return result
+
+    def batch_sizes(self) -> list[int]:
+        """Samples in each global batch of an epoch (the last one may be short)."""
+        full = [self.config.global_batch_size] * (self.samples_per_epoch // self.config.global_batch_size)
+        rest = self.samples_per_epoch % self.config.global_batch_size
+        return full + ([rest] if rest else [])
+
+    def _to_next_checkpoint(self, epoch: int, updates: int) -> int:
+        """Updates from `updates` (this epoch's) to the next one that checkpoints part-way, or a large number."""
+        in_run = epoch * self.updates_per_epoch + updates
+        due = [self.config.stop_after_step - in_run] if self.config.stop_after_step > in_run else []
+        if self.config.checkpoint_every:
+            due.append(self.config.checkpoint_every - in_run % self.config.checkpoint_every)
+        return min(due, default=self.updates_per_epoch)
 
     def _loss_name(self, stage: Stage) -> str:
         return "train_loss" if len(self.stages) == 1 else f"train_{stage.name}_loss"
@@ -157,23 +212,38 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the latest checkpoint in the run directory."""
-        self.checkpointer.restore_latest()
+        self.checkpointer.restore_latest(self.updates_per_epoch)
         check_resumable(self.config, self.saved_config.saved)
         if self.logger is not None:
-            self.logger.keep_until(int(self.epoch.numpy()))
-            print(f"resumed from epoch {int(self.epoch.numpy())}, step {int(self.step.numpy())}", flush=True)
+            epoch, position = int(self.epoch.numpy()), int(self.position.numpy())
+            self.logger.keep_until(epoch)
+            within = f" (update {position} of epoch {epoch + 1})" if position else ""
+            print(f"resumed from epoch {epoch}, step {int(self.step.numpy())}{within}", flush=True)
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        if not self.terminate:
+            print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
+        self.terminate = True
 
     def fit(self) -> dict[str, Any] | None:
-        """Train until --epochs or early stopping, then test and return the summary.
+        """Train until --epochs, --max-steps or early stopping, then test and return the summary.
 
-        Returns None when --stop-after-epoch ends the run early: it is unfinished, not tested.
+        Returns None when the run stops before its end (--stop-after-epoch, --stop-after-step, SIGTERM),
+        with `stopped` saying why: it is checkpointed and unfinished, not tested.
         """
-        started, samples_trained = time.perf_counter(), 0
+        signal.signal(signal.SIGTERM, self._request_stop)
+        started = time.perf_counter()
         stopped_early = False
-        for epoch in range(int(self.epoch.numpy()), self.config.epochs):
+        updates = int(self.epoch.numpy()) * self.updates_per_epoch + int(self.position.numpy())
+        if 0 < self.config.stop_after_epoch <= int(self.epoch.numpy()) or 0 < self.config.stop_after_step <= updates:
+            self.stopped = f"after update {updates}"  # e.g. the launcher restarted the run after that checkpoint
+            return None
+        for epoch in range(int(self.epoch.numpy()), self.epochs):
             epoch_started = time.perf_counter()
-            record: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch), **self.evaluate("val")}
-            samples_trained += self.samples_per_epoch
+            trained = self.train_epoch(epoch)
+            if trained is None:
+                return None
+            record: dict[str, Any] = {"epoch": epoch + 1, **trained, **self.evaluate("val")}
             record.update(step=int(self.step.numpy()), lr=float(self.stages[0].optimizer.learning_rate))
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
             if self.config.monitor not in record:
@@ -190,10 +260,14 @@ class Trainer:
             if self.runtime.agree(self.early_stopping.should_stop):
                 stopped_early = True
                 break
-            if epoch + 1 == self.config.stop_after_epoch:
+            if self.terminate or epoch + 1 == self.config.stop_after_epoch:
+                self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {epoch + 1}"
+                return None
+            if (epoch + 1) * self.updates_per_epoch == self.config.stop_after_step:
+                self.stopped = f"after update {self.config.stop_after_step}"
                 return None
         train_seconds = time.perf_counter() - started
-        return self.test(stopped_early, samples_trained / max(train_seconds, 1e-9))
+        return self.test(stopped_early, self.samples_trained / max(train_seconds, 1e-9))
 
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) weights on the test set and return the summary."""

@@ -60,10 +60,12 @@ class Evaluator:
         except Exception as error:
             raise user_code_error(error, "in eval_step") from None
         sums, gathered = {}, {}
+        counted = indices[0] >= 0  # False on a replica given only repeats of a short last batch (sampling.py)
         for name, value in values.items():
             if isinstance(value, Mean):
                 self.units.setdefault(value.per, name)
-                sums[name] = tf.cast(tf.stack([value.total, value.weight]), tf.float64)
+                total_and_weight = tf.cast(tf.stack([value.total, value.weight]), tf.float64)
+                sums[name] = tf.where(counted, total_and_weight, tf.zeros_like(total_and_weight))
             else:
                 gathered[name] = _gather((indices, value.rows))
         return sums, gathered
@@ -80,7 +82,7 @@ class Evaluator:
                 parts.setdefault(name, []).append((indices.numpy(), rows.numpy()))
         means = {name: total / weight if weight else math.nan for name, (total, weight) in sums.items()}
         size = self.sizes[split]
-        gathered = {name: _in_dataset_order(name, pieces, size) for name, pieces in parts.items()}
+        gathered = {name: _in_dataset_order(name, pieces) for name, pieces in parts.items()}
         try:
             extra = dataset_metrics(means, gathered)
         except Exception as error:
@@ -102,14 +104,16 @@ def _gather(value: Any) -> Any:
     return value if context.num_replicas_in_sync == 1 else context.all_gather(value, axis=0)
 
 
-def _in_dataset_order(name: str, pieces: list[tuple[np.ndarray, np.ndarray]], size: int) -> np.ndarray:
+def _in_dataset_order(name: str, pieces: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """A Gather's rows from every batch, sorted back into dataset order by their samples' indices."""
     indices = np.concatenate([index for index, _ in pieces])
     rows = np.concatenate([row for _, row in pieces])
-    if len(rows) != len(indices) or len(indices) != size:
+    if len(rows) != len(indices):
         raise StepError(
-            f"eval_step's Gather {name!r} gave {len(rows)} rows for {size} samples; give one row per sample"
+            f"eval_step's Gather {name!r} gave {len(rows)} rows for {len(indices)} samples; give one row per sample"
         )
+    counted = indices >= 0  # repeats of a short last batch, given to replicas it had no sample for, are -1
+    indices, rows = indices[counted], rows[counted]
     return rows[np.argsort(indices, kind="stable")]
 
 

@@ -9,8 +9,11 @@ sample (train_step.py splits a replica's part evenly); a last batch with fewer s
 replicas x --grad-accum-steps is left out, a different one every epoch. Nothing is sharded:
 tf.data's auto-shard policies split data across workers, and this strategy has one.
 
-Evaluation: each sample goes to exactly one replica, once, in batches of --eval-batch-size; a
-replica left without samples at the end gets an empty batch, which adds nothing to the metrics.
+Evaluation: the validation and test sets in global batches of --eval-batch-size x replicas,
+cut like training batches, so each sample goes to exactly one replica, once. A last batch with
+fewer samples than replicas is topped up with repeats of its samples, marked so that evaluation.py
+leaves their results out: no replica is handed an empty batch, which some layers (Conv2D on the
+CPU) cannot take.
 """
 
 import tensorflow as tf
@@ -50,23 +53,22 @@ def batches(dataset: tf.data.Dataset, batch_size: int, split: str) -> tf.data.Da
 
 
 def distribute_train(
-    strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, config: TrainConfig, epoch: int, samples: int
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset,
+    config: TrainConfig,
+    epoch: int,
+    samples: int,
+    start: int = 0,
 ) -> tf.distribute.DistributedDataset:
-    """The first `samples` of the train set's order for one epoch, in global batches, a part per replica."""
+    """The first `samples` of the train set's order for one epoch, in global batches from batch `start` on
+    (a resumed epoch), a part per replica."""
     buffer = config.shuffle_buffer or split_size(dataset, "train")
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # seed + epoch: a new order every epoch, the same in every run and after --resume.
         shuffled = dataset.shuffle(buffer, seed=config.seed + epoch, reshuffle_each_iteration=False).take(samples)
-        replicas = context.num_replicas_in_sync
-        mine = replicas // context.num_input_pipelines  # the replicas this pipeline feeds, in turn
-        first = context.input_pipeline_id * mine
-
-        def replica_parts(*items: object) -> tf.data.Dataset:
-            batch = items[0] if len(items) == 1 else items  # tf.data passes a tuple's items as arguments
-            return tf.data.Dataset.range(first, first + mine).map(lambda replica: part(batch, replica, replicas))
-
-        return _pipeline(batches(shuffled, config.global_batch_size, "train").flat_map(replica_parts))
+        global_batches = batches(shuffled, config.global_batch_size, "train").skip(start)
+        return _pipeline(_replica_parts(global_batches, context))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -74,14 +76,41 @@ def distribute_train(
 def distribute_eval(
     strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, split: str, batch_size: int
 ) -> tf.distribute.DistributedDataset:
-    """A validation or test set, in batches of `batch_size` per replica, each sample once, with the samples' indices."""
+    """A validation or test set, `batch_size` samples per replica and step, each sample once, with the samples'
+    indices (-1 for a repeat)."""
     size = split_size(dataset, split)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        indices = tf.data.Dataset.range(size).batch(batch_size)
-        return _pipeline(tf.data.Dataset.zip(indices, batches(dataset, batch_size, split)))
+        replicas = context.num_replicas_in_sync
+        indices = tf.data.Dataset.range(size).batch(batch_size * replicas)
+        global_batches = tf.data.Dataset.zip(indices, batches(dataset, batch_size * replicas, split))
+        topped_up = global_batches.map(lambda indices, batch: _row_for_every_replica(indices, batch, replicas))
+        return _pipeline(_replica_parts(topped_up, context))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _replica_parts(global_batches: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """Each global batch cut into one near-equal part per replica: the parts of the replicas this
+    pipeline feeds, in turn."""
+    replicas = context.num_replicas_in_sync
+    mine = replicas // context.num_input_pipelines
+    first = context.input_pipeline_id * mine
+
+    def replica_parts(*items: object) -> tf.data.Dataset:
+        batch = items[0] if len(items) == 1 else items  # tf.data passes a tuple's items as arguments
+        return tf.data.Dataset.range(first, first + mine).map(lambda replica: part(batch, replica, replicas))
+
+    return global_batches.flat_map(replica_parts)
+
+
+def _row_for_every_replica(indices: tf.Tensor, batch: object, replicas: int) -> tuple[tf.Tensor, object]:
+    """A batch with fewer rows than replicas topped up with repeats of its rows, whose index is -1."""
+    rows = tf.shape(indices)[0]
+    positions = tf.range(tf.maximum(rows, replicas))
+    repeated = positions % rows
+    topped_up = tf.nest.map_structure(lambda tensor: tf.gather(tensor, repeated), batch)
+    return tf.where(positions < rows, tf.gather(indices, repeated), tf.constant(-1, tf.int64)), topped_up
 
 
 def part(batch: object, index: tf.Tensor | int, parts: int) -> object:

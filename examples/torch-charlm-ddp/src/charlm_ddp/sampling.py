@@ -3,7 +3,12 @@
 Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches;
 each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
 its own. The union over ranks and micro-steps is exactly the global batch that a single process
-would see, so N ranks train like 1 rank with the same global batch.
+would see, so N ranks train like 1 rank with the same global batch. A run resumed part-way through
+an epoch starts at the global batch where it stopped.
+
+Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
+sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
+and after a resume.
 
 Evaluation: rank r takes samples r, r + N, r + 2N, ... A rank whose shard needs one batch fewer
 runs a padding batch, so every rank runs the same number of batches (FSDP needs that: each
@@ -11,6 +16,7 @@ forward is a collective); its values are dropped, so every sample counts exactly
 """
 
 import functools
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +43,15 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.seed = seed
         self.epoch = 0
+        self.start = 0  # global batches of this epoch already trained on (a resumed run)
         # A short last global batch is kept if every micro-batch gets at least one sample.
         full, rest = divmod(dataset_size, global_batch_size)
         self.updates_per_epoch = full + (1 if rest >= self.splits else 0)
         self.samples_per_epoch = full * global_batch_size + (rest if rest >= self.splits else 0)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle: each epoch uses its own permutation, the same on every rank."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Reshuffle: each epoch uses its own permutation, the same on every rank; skip its first `start` global batches."""
+        self.epoch, self.start = epoch, start
 
     def global_batch_sizes(self) -> list[int]:
         """Samples in each global batch of an epoch (the last one may be short)."""
@@ -56,14 +63,63 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.dataset_size, generator=generator)[: self.samples_per_epoch]
-        for global_batch in order.split(self.global_batch_size):
+        for global_batch in order.split(self.global_batch_size)[self.start :]:
             # tensor_split gives near-equal parts, so a short last batch is spread evenly.
             parts = global_batch.tensor_split(self.splits)
             for micro_step in range(self.grad_accum_steps):
-                yield parts[micro_step * self.world_size + self.rank].tolist()
+                # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
+                yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
 
     def __len__(self) -> int:
-        return self.updates_per_epoch * self.grad_accum_steps
+        return (self.updates_per_epoch - self.start) * self.grad_accum_steps
+
+
+class SeededSamples(Dataset):
+    """data.py's train set, each sample loaded with random generators seeded from (--seed, epoch, index).
+
+    A DataLoader worker's generators would otherwise depend on which worker loads a sample and on
+    what it loaded before: a resumed run, or another --num-workers, would augment differently.
+    The caller's generators are left as they were (with no workers, those drive dropout).
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        seed = (self.seed * 1_000_003 + epoch) * 2**32 + index
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % 2**63)
+            random.seed(seed)
+            numpy_state = _seed_numpy(seed % 2**32)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+                _restore_numpy(numpy_state)
+
+
+def _seed_numpy(seed: int) -> Any:
+    """Seed numpy's global generator, returning its previous state (None without numpy)."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    state = numpy.random.get_state()
+    numpy.random.seed(seed)
+    return state
+
+
+def _restore_numpy(state: Any) -> None:
+    if state is not None:
+        import numpy
+
+        numpy.random.set_state(state)
 
 
 class EvalBatchSampler(Sampler[list[int]]):
@@ -143,6 +199,9 @@ def build_loaders(
         num_workers=config.num_workers,
         pin_memory=device.type == "cuda",
         persistent_workers=config.num_workers > 0,
+        # Their own generator: starting a loader draws a seed for its workers, which must not come
+        # from the global generator that drives dropout (a resumed run starts one more loader).
+        generator=torch.Generator(),
     )
 
     def eval_loader(dataset: Dataset, split: str) -> DataLoader:
@@ -150,7 +209,7 @@ def build_loaders(
         return make_loader(dataset, batch_sampler=sampler)
 
     return Loaders(
-        train=make_loader(train_set, batch_sampler=train_sampler),
+        train=make_loader(SeededSamples(train_set, config.seed), batch_sampler=train_sampler),
         train_sampler=train_sampler,
         val=eval_loader(val_set, "val"),
         test=eval_loader(test_set, "test"),

@@ -143,6 +143,13 @@ def agree(decision: bool) -> bool:
     return bool(flag.item())
 
 
+def any_rank(decision: bool) -> bool:
+    """Whether any rank decided so (a signal one rank received, say), known to every rank alike."""
+    flag = torch.tensor([float(decision)], device=_collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def is_finite(value: torch.Tensor) -> bool:
     """Whether a value that every rank holds alike (a gradient norm, say) is finite."""
     return bool(torch.isfinite(value).item())

@@ -1,5 +1,10 @@
 """The training loop: train and validate every epoch, checkpoint, then test.
 
+A run is --epochs passes over the train set, or --max-steps updates. It checkpoints at every
+epoch end and, with --checkpoint-every, part-way through an epoch; --resume continues from the
+newest checkpoint exactly as if the run had not stopped. SIGTERM (what Slurm and Kubernetes send
+before a kill) stops the run at the next --log-every boundary, with a checkpoint.
+
 Managed by the looptpl template: put your own code in step.py, model.py, data.py, loss.py,
 metrics.py, optim.py and settings.py.
 """
@@ -7,6 +12,7 @@ metrics.py, optim.py and settings.py.
 import contextlib
 import dataclasses
 import math
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,8 +61,10 @@ class Trainer:
         # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
         trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
         optimizers = build_optimizer(trained_view, config)
-        total_updates = self.train_sampler.updates_per_epoch * config.epochs
-        schedulers = build_scheduler(optimizers, config, total_updates)
+        self.updates_per_epoch = self.train_sampler.updates_per_epoch
+        self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
+        self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last one may be partial
+        schedulers = build_scheduler(optimizers, config, self.total_updates)
         self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
         # What the checkpoints hold: the trained weights, without the frozen models.
         self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
@@ -64,6 +72,11 @@ class Trainer:
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
+        self.position = 0  # updates done in the epoch in progress, when a checkpoint was written part-way
+        self.running: dict[str, Any] | None = None  # that epoch's running totals on this rank, from the checkpoint
+        self.samples_trained = 0  # by this process, for the throughput
+        self.terminate = False  # a SIGTERM arrived
+        self.stopped = ""  # why fit() stopped before the end, in words
         self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
         self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
         self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
@@ -140,23 +153,33 @@ class Trainer:
             raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
         return check_train_value(given[1], stage.name)
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One pass over the training set; returns the mean training loss of each stage."""
+    def train_epoch(self, epoch: int) -> dict[str, float] | None:
+        """Train on (the rest of) one epoch; returns the mean training loss of each stage.
+
+        Returns None when the run stops part-way through the epoch (--stop-after-step, SIGTERM),
+        after a checkpoint that lets --resume continue from the same update.
+        """
         self.set_training(True)
-        self.train_sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        first, end = self.position, min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
+        # A new shuffle every epoch, the same on every rank; a resumed epoch starts where it stopped.
+        self.train_sampler.set_epoch(epoch, first)
         batches = iter(self.loaders.train)
-        updates = self.train_sampler.updates_per_epoch
-        self.progress.start(epoch + 1, self.config.epochs, updates)
-        epoch_totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
-        window = torch.zeros_like(epoch_totals)
-        skipped = 0
-        for update in range(updates):
+        self.progress.start(epoch + 1, self.epochs, end)
+        zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
+        running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}
+        self.running = None
+        epoch_totals, window, skipped = running["totals"].to(self.runtime.device), running["window"], running["skipped"]
+        window = window.to(self.runtime.device)
+        self.samples_trained += sum(self.train_sampler.global_batch_sizes()[first:end])
+        for update in range(first, end):
             micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
             totals, applied = self.train_update(micro_batches)
             skipped += not applied
             epoch_totals += totals
             window += totals
-            if (update + 1) % self.config.log_every == 0 or update + 1 == updates:
+            done = update + 1
+            stop = False
+            if done % self.config.log_every == 0 or done == end:
                 # One small all-reduce every --log-every updates: the global running loss, checked for
                 # NaN/inf on every rank alike so all ranks stop together.
                 global_window = distributed.all_reduce_sum(window.clone())
@@ -166,9 +189,24 @@ class Trainer:
                         f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
                         "data for NaN/inf, or use --precision fp32"
                     )
-                self.progress.update(update + 1, (update + 1) * self.config.global_batch_size, loss)
+                self.progress.update(done, done * self.config.global_batch_size, loss)
                 window.zero_()
+                # A SIGTERM may reach some ranks only: if any rank got one, every rank stops here.
+                stop = distributed.any_rank(self.terminate)
+            updates = epoch * self.updates_per_epoch + done
+            if done == end:
+                break  # the epoch end checkpoints (fit)
+            stop = stop or updates == self.config.stop_after_step
+            if stop or (self.config.checkpoint_every and updates % self.config.checkpoint_every == 0):
+                self.position = done
+                running = {"totals": epoch_totals, "window": window, "skipped": skipped}
+                self.save_checkpoint(f"epoch-{epoch + 1:04d}-step-{updates:08d}.pt", running)
+                if stop:
+                    self.progress.finish()
+                    self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {updates}"
+                    return None
         self.progress.finish()
+        self.position = 0
         result: dict[str, float] = {}
         for stage, (total, weight) in zip(self.stages, distributed.all_reduce_sum(epoch_totals).tolist(), strict=True):
             result[self._loss_name("train", stage)] = total / weight if weight else math.nan
@@ -190,6 +228,8 @@ class Trainer:
         return {
             "epoch": self.epoch,
             "step": self.step,
+            "position": self.position,
+            "skips_in_a_row": {stage.name: stage.nan_guard.consecutive for stage in self.stages},
             "schedulers": {stage.name: stage.scheduler.state_dict() for stage in self.stages},
             "scalers": {stage.name: stage.scaler.state_dict() for stage in self.stages},
             "early_stopping": self.early_stopping.state_dict(),
@@ -202,27 +242,48 @@ class Trainer:
         check_resumable(self.config, checkpoint["config"])
         self.checkpointer.restore(path, checkpoint, self.trained, [stage.optimizer for stage in self.stages])
         self.epoch, self.step = checkpoint["epoch"], checkpoint["step"]
+        self.position = checkpoint.get("position", 0)  # written part-way through epoch + 1
+        if self.position:
+            self.running = self.checkpointer.running_totals(checkpoint)
         for stage in self.stages:
             stage.scheduler.load_state_dict(checkpoint["schedulers"][stage.name])
             stage.scaler.load_state_dict(checkpoint["scalers"][stage.name])
+            stage.nan_guard.consecutive = checkpoint.get("skips_in_a_row", {}).get(stage.name, 0)
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
         if self.logger is not None:
             self.logger.keep_until(self.epoch)
-            print(f"resumed from epoch {self.epoch}, step {self.step}", flush=True)
+            within = f" (update {self.position} of epoch {self.epoch + 1})" if self.position else ""
+            print(f"resumed from epoch {self.epoch}, step {self.step}{within}", flush=True)
+
+    def save_checkpoint(self, name: str, running: dict[str, Any] | None = None, is_best: bool = False) -> None:
+        """Every rank must call this. `running`: this rank's totals of an epoch stopped part-way."""
+        optimizers = [stage.optimizer for stage in self.stages]
+        self.checkpointer.save(self.trained, optimizers, self.state_dict(), name, is_best, running)
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        if not self.terminate and self.runtime.is_main:
+            print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
+        self.terminate = True
 
     def fit(self) -> dict[str, Any] | None:
-        """Train until --epochs or early stopping, then test and return the summary.
+        """Train until --epochs, --max-steps or early stopping, then test and return the summary.
 
-        Returns None when --stop-after-epoch ends the run early: it is unfinished, not tested.
+        Returns None when the run stops before its end (--stop-after-epoch, --stop-after-step,
+        SIGTERM), with `stopped` saying why: it is checkpointed and unfinished, not tested.
         """
-        started, samples_trained = time.perf_counter(), 0
+        signal.signal(signal.SIGTERM, self._request_stop)
+        started = time.perf_counter()
         stopped_early = False
-        if 0 < self.config.stop_after_epoch <= self.epoch:
-            return None  # e.g. torchrun restarted the ranks after that epoch's checkpoint was written
-        for epoch in range(self.epoch, self.config.epochs):
+        updates = self.epoch * self.updates_per_epoch + self.position
+        if 0 < self.config.stop_after_epoch <= self.epoch or 0 < self.config.stop_after_step <= updates:
+            self.stopped = f"after update {updates}"  # e.g. torchrun restarted the ranks after that checkpoint
+            return None
+        for epoch in range(self.epoch, self.epochs):
             epoch_started = time.perf_counter()
-            record: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch), **self.evaluate("val")}
-            samples_trained += self.train_sampler.samples_per_epoch
+            trained = self.train_epoch(epoch)
+            if trained is None:
+                return None
+            record: dict[str, Any] = {"epoch": epoch + 1, **trained, **self.evaluate("val")}
             record.update(step=self.step, lr=self.stages[0].scheduler.get_last_lr()[0])
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
             # Never checkpoint NaN weights, nor pick a best epoch by a NaN metric.
@@ -237,16 +298,20 @@ class Trainer:
             self.epoch = epoch + 1
             if self.logger is not None:
                 self.logger.log(record)
-            optimizers = [stage.optimizer for stage in self.stages]
-            self.checkpointer.save(self.trained, optimizers, self.state_dict(), self.epoch, is_best)
+            self.save_checkpoint(f"epoch-{self.epoch:04d}.pt", is_best=is_best)
             # Rank 0 decides and every rank follows, so all ranks leave the loop at the same epoch.
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
                 break
-            if self.epoch == self.config.stop_after_epoch:
+            updates = self.epoch * self.updates_per_epoch
+            if distributed.any_rank(self.terminate) or self.epoch == self.config.stop_after_epoch:
+                self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {self.epoch}"
+                return None
+            if updates == self.config.stop_after_step:
+                self.stopped = f"after update {updates}"
                 return None
         train_seconds = time.perf_counter() - started
-        return self.test(stopped_early, samples_trained / max(train_seconds, 1e-9))
+        return self.test(stopped_early, self.samples_trained / max(train_seconds, 1e-9))
 
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""

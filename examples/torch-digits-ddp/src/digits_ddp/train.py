@@ -59,7 +59,8 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
     return resume
 
 
-def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
+def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
+    """Train, test and write the summary; returns the exit status."""
     resume = prepare_run_dir(config, runtime)
     # The same seed on every rank: identical data and identical initial weights everywhere.
     seed_everything(config.seed)
@@ -72,20 +73,22 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> None:
     summary = trainer.fit()
     if summary is None:
         if runtime.is_main:
-            print(f"stopped after epoch {config.stop_after_epoch}; continue with --resume", flush=True)
-        return
+            print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
+        # 143 (128 + SIGTERM) tells a scheduler the job was stopped, not finished.
+        return 143 if trainer.terminate else 0
     if runtime.is_main:
         (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         width = max(map(len, summary))
         print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
     # The summary is written either way; a NaN test result still fails the run (on every rank alike).
     finite_or_raise(summary, "the final test")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     try:
-        run(config, distributed.setup(config))
+        exit_code = run(config, distributed.setup(config))
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)
         # An error raised alike on every rank lets all of them leave together; one raised on this rank
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     distributed.teardown(wait_for_others=True)
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":

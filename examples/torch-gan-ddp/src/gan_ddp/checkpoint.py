@@ -51,7 +51,11 @@ def set_rng_state(state: dict[str, torch.Tensor], runtime: Runtime) -> None:
 
 
 class Checkpointer:
-    """Saves `epoch-NNNN.pt` after every epoch, keeps the newest few, and links the best to `best.pt`."""
+    """Saves `epoch-NNNN.pt` after every epoch (and `epoch-NNNN-step-SSSSSSSS.pt` part-way through
+    epoch NNNN, after update SSSSSSSS), keeps the newest few, and links the best to `best.pt`.
+
+    The names sort in the order they were written.
+    """
 
     def __init__(self, run_dir: Path, runtime: Runtime, keep: int) -> None:
         self.directory = run_dir / "checkpoints"
@@ -63,16 +67,20 @@ class Checkpointer:
         model: nn.Module,
         optimizers: list[torch.optim.Optimizer],
         state: dict[str, Any],
-        epoch: int,
+        name: str,
         is_best: bool,
+        running: dict[str, Any] | None = None,
     ) -> None:
-        """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept."""
+        """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept.
+
+        `running`: this rank's running totals of an epoch stopped part-way, kept for every rank.
+        """
         model_state, optimizer_state = get_state_dict(model, optimizers, options=FULL_ON_RANK0)
-        gathered = {name: distributed.all_gather(value) for name, value in rng_state(self.runtime).items()}
-        rng_states = [
-            {name: values[rank] for name, values in gathered.items()} for rank in range(self.runtime.world_size)
-        ]
+        rng_states = _per_rank(rng_state(self.runtime), self.runtime.world_size)
         problem = ""
+        if running is not None:
+            running = {**running, "skipped": torch.tensor([running["skipped"]])}
+            state = {**state, "running": _per_rank(running, self.runtime.world_size)}
         if self.runtime.is_main:
             payload = {
                 **state,
@@ -81,7 +89,7 @@ class Checkpointer:
                 "rng": rng_states,
                 "world_size": self.runtime.world_size,
             }
-            path = self.directory / f"epoch-{epoch:04d}.pt"
+            path = self.directory / name
             try:
                 _atomic_save(payload, path)
             except OSError as error:
@@ -108,11 +116,26 @@ class Checkpointer:
             )
 
     def epoch_files(self) -> list[Path]:
-        """Epoch checkpoints, oldest first."""
+        """Checkpoints, oldest first."""
         return sorted(self.directory.glob("epoch-*.pt"))
 
+    def running_totals(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """This rank's running totals of the epoch a checkpoint stopped part-way through.
+
+        On another number of ranks, the first rank takes the sums of all of them: the epoch's
+        training loss is still right.
+        """
+        ranks = checkpoint["running"]
+        if checkpoint["world_size"] == self.runtime.world_size:
+            mine = ranks[self.runtime.rank]
+        else:
+            mine = {name: sum(rank[name] for rank in ranks) for name in ranks[0]}
+            if not self.runtime.is_main:
+                mine = {name: torch.zeros_like(value) for name, value in mine.items()}
+        return {"totals": mine["totals"], "window": mine["window"], "skipped": int(mine["skipped"].item())}
+
     def load_latest(self) -> tuple[Path, dict[str, Any]]:
-        """The newest readable epoch checkpoint; a damaged file is reported and skipped."""
+        """The newest readable checkpoint; a damaged file is reported and skipped."""
         for path in reversed(self.epoch_files()):
             try:
                 return path, self.read(path)
@@ -184,6 +207,12 @@ def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:
     except RuntimeError as error:
         raise CheckpointError(f"{path} does not fit the frozen model ({_first_line(error)})") from None
     return model.requires_grad_(False).eval()
+
+
+def _per_rank(tensors: dict[str, torch.Tensor], world_size: int) -> list[dict[str, torch.Tensor]]:
+    """Every rank's values of these tensors (every rank must call this), as one dict per rank."""
+    gathered = {name: distributed.all_gather(value) for name, value in tensors.items()}
+    return [{name: values[rank] for name, values in gathered.items()} for rank in range(world_size)]
 
 
 def _size(count: int) -> str:

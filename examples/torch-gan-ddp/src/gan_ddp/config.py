@@ -22,6 +22,13 @@ class TrainConfig(Settings):
     switched off with `--no-progress`."""
 
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Train for this many optimizer updates instead of --epochs; the last epoch may end "
+            "part-way. 0: train for --epochs."
+        },
+    )
     global_batch_size: int = field(
         default=64,
         metadata={"help": "Samples per optimizer update, summed over all ranks and accumulation steps."},
@@ -66,6 +73,17 @@ class TrainConfig(Settings):
         default=0,
         metadata={"help": "Stop after this epoch, e.g. to fit a job time limit; --resume later continues. 0: run all."},
     )
+    stop_after_step: int = field(
+        default=0,
+        metadata={"help": "Stop after this update, with a checkpoint; --resume later continues exactly. 0: run all."},
+    )
+    checkpoint_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also checkpoint every this many updates inside an epoch, for long epochs; --resume "
+            "continues exactly from there. 0: at epoch ends only."
+        },
+    )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per rank."})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes per rank."})
     device: Literal["auto", "cpu", "cuda"] = field(
@@ -83,7 +101,9 @@ class TrainConfig(Settings):
     test_on: Literal["best", "last"] = field(
         default="best", metadata={"help": "Which checkpoint the final test evaluates."}
     )
-    keep_checkpoints: int = field(default=2, metadata={"help": "Epoch checkpoints kept besides the best."})
+    keep_checkpoints: int = field(
+        default=2, metadata={"help": "Checkpoints kept besides the best (epoch ends and --checkpoint-every alike)."}
+    )
     log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
     dist_timeout_s: int = field(
@@ -98,7 +118,7 @@ class TrainConfig(Settings):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
         non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "num_workers", "early_stop_patience"]
-        non_negative.append("stop_after_epoch")
+        non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "max_steps"]
         for name in non_negative:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):

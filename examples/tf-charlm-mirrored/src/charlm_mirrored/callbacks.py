@@ -1,0 +1,142 @@
+"""Early stopping, metric logs and the progress bar. Managed by the looptpl template: edit metrics.py instead."""
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import tensorflow as tf
+
+
+class EarlyStopping(tf.Module):
+    """Tracks the best value of the monitored metric and counts epochs without improvement.
+
+    Its state lives in variables, so the checkpoint carries it and --resume keeps counting.
+    """
+
+    def __init__(self, mode: Literal["min", "max"], patience: int) -> None:
+        super().__init__(name="early_stopping")
+        self.mode = mode
+        self.patience = patience  # 0: never stop early, but still track the best epoch
+        self.best = tf.Variable(math.nan, dtype=tf.float64, trainable=False)  # NaN: nothing seen yet
+        self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.bad_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def update(self, value: float, epoch: int) -> bool:
+        """Record one epoch's value; return whether it is the best so far."""
+        best = float(self.best.numpy())
+        improved = math.isnan(best) or (value < best if self.mode == "min" else value > best)
+        if improved:
+            self.best.assign(value)
+            self.best_epoch.assign(epoch)
+            self.bad_epochs.assign(0)
+        else:
+            self.bad_epochs.assign_add(1)
+        return improved
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and int(self.bad_epochs.numpy()) >= self.patience
+
+    def best_value(self) -> float | None:
+        best = float(self.best.numpy())
+        return None if math.isnan(best) else best
+
+
+class MetricLogger:
+    """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the console."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.csv_path = run_dir / "metrics.csv"
+        self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
+
+    def keep_until(self, epoch: int) -> None:
+        """On resume, drop records of epochs after the checkpoint, which will be trained again."""
+        records = self.records()
+        self.jsonl_path.unlink(missing_ok=True)
+        self.csv_path.unlink(missing_ok=True)
+        for record in records:
+            if record["epoch"] <= epoch:
+                self._append(record)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record logged so far."""
+        if not self.jsonl_path.exists():
+            return []
+        return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line]
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._append(record)
+        if self.tensorboard is not None:
+            with self.tensorboard.as_default():
+                for name, value in record.items():
+                    if name not in ("epoch", "step"):
+                        tf.summary.scalar(name, value, step=record["epoch"])
+            self.tensorboard.flush()
+        print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.jsonl_path.open("a") as jsonl:
+            jsonl.write(json.dumps(record) + "\n")
+        new_file = not self.csv_path.exists()
+        with self.csv_path.open("a", newline="") as table:
+            writer = csv.DictWriter(table, fieldnames=list(record))
+            if new_file:
+                writer.writeheader()
+            writer.writerow(record)
+
+
+def _tensorboard_writer(log_dir: Path) -> Any:
+    """A tf.summary writer when TensorBoard is installed (`pip install tensorboard`), else None.
+
+    tf.summary.scalar needs the tensorboard package, which TensorFlow no longer installs itself.
+    """
+    if importlib.util.find_spec("tensorboard") is None:
+        return None
+    return tf.summary.create_file_writer(str(log_dir))
+
+
+def _format(name: str, value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:.3e}" if name == "lr" or (value != 0 and abs(value) < 1e-3) else f"{value:.4f}"
+        return f"{name} {text}"
+    return f"{name} {value}"
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.started = time.perf_counter()
+
+    def start(self, epoch: int, epochs: int, total: int) -> None:
+        self.epoch, self.epochs, self.total = epoch, epochs, total
+        self.started = time.perf_counter()
+
+    def update(self, done: int, samples: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = width * done // max(1, self.total)
+        rate = samples / max(1e-9, time.perf_counter() - self.started)
+        loss_text = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
+        sys.stderr.write(
+            f"\repoch {self.epoch}/{self.epochs} [{'#' * filled}{'.' * (width - filled)}] "
+            f"{done}/{self.total}  loss {loss_text}  {rate:,.0f} samples/s"
+        )
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()

@@ -1,0 +1,239 @@
+"""Run configuration: one typed dataclass, its command line, and its checks.
+
+Managed by the looptpl template: put your own settings in settings.py.
+"""
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ConfigError
+from .settings import DEFAULTS, Settings
+
+
+@dataclass
+class TrainConfig(Settings):
+    """Every setting of a run: yours from settings.py, then the template's. Each field is a
+    command-line flag: `global_batch_size` is `--global-batch-size`, and a boolean `progress` is
+    switched off with `--no-progress`."""
+
+    epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Train for this many optimizer updates instead of --epochs; the last epoch may end "
+            "part-way. 0: train for --epochs."
+        },
+    )
+    global_batch_size: int = field(
+        default=64,
+        metadata={"help": "Samples per optimizer update, summed over all replicas and accumulation steps."},
+    )
+    grad_accum_steps: int = field(
+        default=1, metadata={"help": "Micro-batches accumulated per optimizer update on each replica."}
+    )
+    lr: float = field(default=3e-3, metadata={"help": "Peak learning rate, reached after warmup."})
+    weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay."})
+    schedule: Literal["cosine", "constant"] = field(
+        default="cosine", metadata={"help": "Learning-rate shape after warmup."}
+    )
+    warmup_steps: int = field(default=20, metadata={"help": "Optimizer updates of linear warmup."})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = field(
+        default="fp32",
+        metadata={"help": "Keras mixed-precision policy: bf16 or fp16 compute, fp32 weights; fp16 adds loss scaling."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for weights and shuffling."})
+    run_dir: str = field(
+        default="runs", metadata={"help": "Directory for the config, metrics, checkpoints and summary."}
+    )
+    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in --run-dir."})
+    stop_after_epoch: int = field(
+        default=0,
+        metadata={"help": "Stop after this epoch, e.g. to fit a job time limit; --resume later continues. 0: run all."},
+    )
+    stop_after_step: int = field(
+        default=0,
+        metadata={"help": "Stop after this update, with a checkpoint; --resume later continues exactly. 0: run all."},
+    )
+    checkpoint_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also checkpoint every this many updates inside an epoch, for long epochs; --resume "
+            "continues exactly from there. 0: at epoch ends only."
+        },
+    )
+    eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per replica."})
+    shuffle_buffer: int = field(
+        default=0, metadata={"help": "Training samples held for shuffling; 0 shuffles the whole train set."}
+    )
+    cpu_replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Split the CPU into this many logical devices, one replica each, to run the multi-replica "
+            "path without GPUs; 0 uses every local GPU, or the CPU when there is none."
+        },
+    )
+    monitor: str = field(
+        default="val_loss", metadata={"help": "Metric that picks the best checkpoint and early stopping."}
+    )
+    monitor_mode: Literal["min", "max"] = field(
+        default="min", metadata={"help": "Whether a lower or a higher --monitor value is better."}
+    )
+    early_stop_patience: int = field(
+        default=0, metadata={"help": "Stop after this many epochs without improvement; 0 never stops early."}
+    )
+    test_on: Literal["best", "last"] = field(
+        default="best", metadata={"help": "Which checkpoint the final test evaluates."}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "Epoch checkpoints kept besides the best."})
+    log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
+    steps_per_call: int = field(
+        default=10,
+        metadata={
+            "help": "Optimizer updates per tf.function call: Python runs once per call, so small models train "
+            "faster; progress and loss checks happen at the first call end after each --log-every updates."
+        },
+    )
+    nan_policy: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={
+            "help": "What an update with a NaN/inf loss or gradient does: stop the run, or skip that update "
+            "(weights, optimizer and schedule unchanged) and go on."
+        },
+    )
+    max_consecutive_skips: int = field(
+        default=10,
+        metadata={"help": "With --nan-policy skip, stop after more than this many skipped updates in a row."},
+    )
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
+
+    def validate(self) -> None:
+        """Reject values that cannot work, naming the flag."""
+        positive = [
+            "epochs",
+            "global_batch_size",
+            "grad_accum_steps",
+            "eval_batch_size",
+            "log_every",
+            "steps_per_call",
+            "max_consecutive_skips",
+        ]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
+        non_negative = [
+            "lr",
+            "weight_decay",
+            "warmup_steps",
+            "max_grad_norm",
+            "shuffle_buffer",
+            "cpu_replicas",
+            "early_stop_patience",
+            "stop_after_epoch",
+            "stop_after_step",
+            "checkpoint_every",
+            "max_steps",
+        ]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.nan_policy == "skip" and self.precision == "fp16":
+            raise ConfigError(
+                "--nan-policy skip does not combine with --precision fp16, whose loss scaling already skips updates "
+                "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
+            )
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if not 0 <= self.seed < 2**31:  # Keras takes 32-bit seeds
+            raise ConfigError(f"--seed must be between 0 and 2147483647, got {self.seed}")
+        if self.shuffle_buffer > 2**40:
+            raise ConfigError(f"--shuffle-buffer must be at most the train set's size, got {self.shuffle_buffer}")
+
+    def check_batch_split(self, replicas: int) -> int:
+        """Return the per-replica micro-batch size, or explain why the global batch does not split."""
+        replicas_times_accum = replicas * self.grad_accum_steps
+        if self.global_batch_size % replicas_times_accum:
+            raise ConfigError(
+                f"--global-batch-size {self.global_batch_size} must be divisible by replicas x "
+                f"--grad-accum-steps = {replicas} x {self.grad_accum_steps}; "
+                f"use a multiple of {replicas_times_accum}"
+            )
+        return self.global_batch_size // replicas_times_accum
+
+
+# Settings baked into the schedule, the optimizer state or the data order: a resumed run must keep them.
+FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed")
+
+
+def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:
+    """Refuse to resume with settings that would make the rest of the run differ from the start."""
+    changed = [
+        f"--{flag(name)} {getattr(config, name)} (the run used {saved[name]})"
+        for name in FIXED_FOR_A_RUN
+        if name in saved and saved[name] != getattr(config, name)
+    ]
+    if changed:
+        raise ConfigError(
+            f"cannot resume with a changed {', '.join(changed)}; pass the run's values, or start a new --run-dir"
+        )
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name."""
+    return name.replace("_", "-")
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Build the config from the command line (every field is a flag) and validate it.
+
+    settings.py's DEFAULTS replace the template's defaults; a flag given on the command line wins.
+    """
+    parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
+    types = typing.get_type_hints(TrainConfig)
+    template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
+    clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
+    if clashes:
+        parser.error(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it in Settings")
+    unknown = [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]
+    if unknown:
+        parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
+    for item in dataclasses.fields(TrainConfig):
+        kind, help_text = types[item.name], item.metadata.get("help", "")
+        default = DEFAULTS.get(item.name, item.default)
+        if item.name in DEFAULTS and item.name in template_fields:
+            help_text += " (settings.py sets the default)"
+        if kind is bool:
+            parser.add_argument(
+                f"--{flag(item.name)}", action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
+        elif typing.get_origin(kind) is Literal:
+            parser.add_argument(f"--{flag(item.name)}", choices=typing.get_args(kind), default=default, help=help_text)
+        else:
+            parser.add_argument(f"--{flag(item.name)}", type=_number(kind), default=default, help=help_text)
+    config = TrainConfig(**vars(parser.parse_args(argv)))
+    try:
+        config.validate()
+    except ConfigError as error:
+        parser.error(str(error))
+    return config
+
+
+def _number(kind: type) -> typing.Callable[[str], object]:
+    """int, float or str parsing, where floats refuse nan and inf (`--lr nan` would silently train nothing)."""
+    if kind is not float:
+        return kind
+
+    def finite_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(text)
+        return value
+
+    finite_float.__name__ = "finite float"
+    return finite_float

@@ -1,0 +1,71 @@
+"""Problems a user can fix. Managed by the looptpl template.
+
+train.py turns each into one message and an exit code; the message names the flag or the file
+to change.
+"""
+
+import re
+import traceback
+from pathlib import Path
+
+
+class RunError(Exception):
+    """A run that cannot start or go on."""
+
+    exit_code = 1
+
+    def __str__(self) -> str:
+        # Raised while TensorFlow traced a step, the error comes back re-made by AutoGraph, its
+        # message prefixed with the traced call stack: the problem is the last line.
+        text = super().__str__()
+        if text.startswith("in user code:"):
+            text = text.strip().splitlines()[-1].strip().removeprefix(f"{type(self).__name__}: ")
+        return text
+
+
+class ConfigError(RunError):
+    """A flag value that cannot work."""
+
+    exit_code = 2
+
+
+class DataError(RunError):
+    """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
+
+
+class TrainingError(RunError):
+    """Training went wrong (a NaN loss, say)."""
+
+
+class CheckpointError(RunError):
+    """No usable checkpoint where one was expected."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
+    message = getattr(error, "message", None) or str(error)
+    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*"
+    lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
+    return next((line for line in lines if line), type(error).__name__)
+
+
+class StepError(DataError):
+    """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
+
+
+USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py")
+
+
+def user_code_error(error: Exception, doing: str) -> Exception:
+    """One line for an exception raised in your code while TensorFlow traced it: your file and line.
+
+    Errors that did not pass through a user file are the template's: they keep their traceback.
+    """
+    package = Path(__file__).parent
+    places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+    mine = [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+    if not mine:
+        return error
+    if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
+        return type(error)(f"{mine[-1]}: {error}")
+    return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")

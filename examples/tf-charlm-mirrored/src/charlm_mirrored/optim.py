@@ -1,0 +1,26 @@
+"""Your optimizer and learning-rate schedule.
+
+This file is yours: `copier update` keeps your edits here.
+"""
+
+import keras
+
+from .config import TrainConfig
+from .schedules import WarmupSchedule
+
+
+def build_schedule(config: TrainConfig, total_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:
+    """Build the learning rate as a function of the optimizer updates done (`total_steps` in all)."""
+    return WarmupSchedule(config.lr, config.schedule, config.warmup_steps, total_steps)
+
+
+def build_optimizer(
+    config: TrainConfig, schedule: keras.optimizers.schedules.LearningRateSchedule
+) -> keras.optimizers.Optimizer:
+    """Build the optimizer; the engine calls this under `strategy.scope()`.
+
+    Leave out `clipnorm` and `global_clipnorm`: Keras would clip each replica's share of the
+    gradients before summing them; the engine clips the summed gradient (--max-grad-norm).
+    """
+    # epsilon=1e-8 is PyTorch's default (Keras' is 1e-7): the torch and TensorFlow templates then train alike.
+    return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay, epsilon=1e-8)

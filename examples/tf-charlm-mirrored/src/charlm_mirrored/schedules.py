@@ -1,0 +1,37 @@
+"""Learning-rate schedules with linear warmup. Managed by the looptpl template: edit optim.py instead."""
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to `peak_lr` over `warmup_steps`, then `cosine` decay to 0 or `constant`.
+
+    Keras calls it with the optimizer's update count before each update, so update k (from 0)
+    uses peak_lr * (k + 1) / warmup_steps during warmup.
+    """
+
+    def __init__(self, peak_lr: float, shape: str, warmup_steps: int, total_steps: int) -> None:
+        self.peak_lr = peak_lr
+        self.shape = shape
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        warmup = tf.minimum(1.0, (step + 1.0) / max(1, self.warmup_steps))
+        if self.shape == "constant":
+            return self.peak_lr * warmup
+        progress = tf.clip_by_value((step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps), 0, 1)
+        return self.peak_lr * warmup * 0.5 * (1.0 + tf.cos(math.pi * progress))
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "peak_lr": self.peak_lr,
+            "shape": self.shape,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }

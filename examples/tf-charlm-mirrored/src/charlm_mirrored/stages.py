@@ -1,0 +1,78 @@
+"""One optimizer's part of an update: which weights it trains, and its NaN counters.
+
+Managed by the looptpl template: put your own code in step.py and optim.py.
+
+A run has one stage per optimizer (optim.py), in order. With one optimizer there is one stage
+and nothing else to know. With several (a GAN's discriminator, then its generator), step.py
+yields one loss per stage, and each stage takes the gradients of its own model's weights only.
+"""
+
+from dataclasses import dataclass, field
+
+import keras
+import tensorflow as tf
+
+from .errors import DataError
+
+
+@dataclass
+class Stage:
+    """An optimizer and the model whose weights it updates. Build it under `strategy.scope()`."""
+
+    name: str
+    optimizer: keras.optimizers.Optimizer
+    model: keras.Model
+    # Updates skipped in a row by --nan-policy skip, and the loss of the last one skipped.
+    skips_in_a_row: tf.Variable = field(init=False)
+    skipped_loss: tf.Variable = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.skips_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.skipped_loss = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return self.model.trainable_variables
+
+    def regularization(self) -> tf.Tensor:
+        """The penalty of the weight regularizers of the layers (`kernel_regularizer=`), counted once per update."""
+        penalties = [variable.regularizer(variable) for variable in self.variables if variable.regularizer]
+        return tf.add_n([tf.cast(penalty, tf.float32) for penalty in penalties]) if penalties else tf.constant(0.0)
+
+
+def split_models(built: object) -> tuple[dict[str, keras.Model], dict[str, keras.Model]]:
+    """model.py's network(s) by name, split into those with trainable weights and frozen ones."""
+    named: dict[str, object] = built if isinstance(built, dict) else {"model": built}
+    for name, model in named.items():
+        if not isinstance(model, keras.Model):
+            raise DataError(f"model.py: build_model must return a keras.Model or a dict of them; {name!r} is {model!r}")
+        if not model.built:
+            raise DataError(f"model.py: {name!r} has no weights yet; start it from keras.Input so they exist at once")
+    models: dict[str, keras.Model] = named  # type: ignore[assignment]
+    trained = {name: model for name, model in models.items() if model.trainable_variables}
+    if not trained:
+        raise DataError("model.py: build_model returned no trainable weight (every model has trainable=False)")
+    return trained, {name: model for name, model in models.items() if name not in trained}
+
+
+def build_stages(optimizers: object, trained: dict[str, keras.Model], loss_scaling: bool) -> list[Stage]:
+    """One stage per optimizer from optim.py, in its order, each updating the model of the same name."""
+    named: dict[str, object] = optimizers if isinstance(optimizers, dict) else {"model": optimizers}
+    if sorted(named) != sorted(trained):
+        raise DataError(
+            f"optim.py: build_optimizer must return one optimizer per trained model of model.py, by the same "
+            f"names: {sorted(trained)}, got {sorted(named)} (set model.trainable = False on a frozen one)"
+        )
+    stages = []
+    for name, optimizer in named.items():
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise DataError(
+                f"optim.py: build_optimizer must return a keras optimizer or a dict of them; {name!r} is {optimizer!r}"
+            )
+        if loss_scaling:
+            # fp16 gradients can underflow: the loss is scaled up before backprop; an update with
+            # inf/NaN gradients is skipped and the scale lowered.
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(trained[name].trainable_variables)  # its state must exist before a restore
+        stages.append(Stage(name, optimizer, trained[name]))
+    return stages

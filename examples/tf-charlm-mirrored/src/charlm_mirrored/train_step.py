@@ -1,0 +1,229 @@
+"""The optimizer updates, compiled: loss scaling, all-reduce, clipping and the NaN policy.
+
+Managed by the looptpl template: put your own code in step.py and optim.py. engine.py calls a
+TrainStep for --steps-per-call updates at a time; everything here runs inside one tf.function.
+"""
+
+import functools
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from .collect import Mean, check_train_value, run_updates_in_a_loop
+from .config import TrainConfig
+from .distributed import Runtime
+from .errors import StepError, user_code_error
+from .sampling import part
+from .stages import Stage
+from .step import train_step
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class TrainStep:
+    """Applies updates; `call(batches, count)` returns their summed totals and samples.
+
+    The totals hold one row per stage (optimizer): [loss total kept, weight kept, weight, updates
+    skipped], where "kept" counts applied updates only: a skipped update's loss is left out of the
+    training loss. Build it under `strategy.scope()`: its counters are variables kept alike on every replica.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        runtime: Runtime,
+        models: keras.Model | dict[str, keras.Model],
+        stages: list[Stage],
+        counters: tuple[tf.Variable, tf.Variable],
+    ) -> None:
+        self.config = config
+        self.strategy = runtime.strategy
+        self.models = models  # what model.py built, handed to step.py as it is
+        self.stages = stages
+        self.epoch, self.step = counters  # epochs completed, updates applied (by any stage)
+        config.check_batch_split(self.strategy.num_replicas_in_sync)  # full batches split into equal micro-batches
+        # --nan-policy stop allows no skipped update: the first one stops the run.
+        self.allowed_skips = config.max_consecutive_skips if config.nan_policy == "skip" else 0
+        self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
+        # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
+        # but the batch size, so the short last batch runs the same graph, not a retrace.
+        self.call = tf.function(self._updates)
+        run_updates_in_a_loop(config.steps_per_call > 1)
+
+    def gave_up(self) -> Stage | None:
+        """The stage that skipped more updates in a row than the NaN policy allows, if any."""
+        return next((stage for stage in self.stages if int(stage.skips_in_a_row.numpy()) > self.allowed_skips), None)
+
+    def _updates(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """`count` updates, one per global batch taken from `batches`, in a loop inside the graph.
+
+        Python runs once per call, not once per update: for a small model, per-update Python
+        overhead would cost as much as the update itself.
+        """
+        totals = tf.zeros([len(self.stages), 4], tf.float64)
+        samples = tf.constant(0, tf.int64)
+        for _ in tf.range(count):
+            update_totals, update_samples = self._update(next(batches))
+            totals += update_totals
+            samples += update_samples
+        return totals, samples
+
+    def _update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """One update of every stage on one global batch; returns its totals and samples."""
+        sums, applied, rows = self.strategy.run(self._replica_update, args=(batch,))
+        # Every replica holds the same all-reduced sums and decisions: take the first one's.
+        sums = self.strategy.experimental_local_results(sums)[0]
+        applied = self.strategy.experimental_local_results(applied)[0]
+        self.step.assign_add(tf.cast(tf.reduce_any(applied), tf.int64))
+        total, weight = sums[:, 0], sums[:, 1]
+        kept = tf.cast(applied, tf.float64)
+        totals = tf.stack([tf.where(applied, total, tf.zeros_like(total)), kept * weight, weight, 1.0 - kept], axis=1)
+        return totals, tf.cast(self.strategy.reduce(SUM, rows, axis=None), tf.int64)
+
+    def _replica_update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """This replica's part of one update: for each stage, its micro-steps, then its update.
+
+        Returns the global [loss total, weight] of each stage, which stages applied their update,
+        and this replica's number of samples.
+        """
+        # Near-equal micro-batches, each with at least one sample (sampling.py keeps a short last
+        # batch only then): a short batch is spread evenly, not left to the last micro-step.
+        parts = self.config.grad_accum_steps
+        micro_batches = [part(batch, index, parts) for index in range(parts)]
+        # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
+        # loss per stage and is resumed stage by stage, after the previous stage's update.
+        steps = [self._losses(micro_batch) for micro_batch in micro_batches]
+        sums, applied = [], []
+        for stage in self.stages:
+            grads, total, weight = self._gradients(stage, steps)
+            finite = tf.math.is_finite(total)
+            if self.config.precision != "fp16":
+                # (Under fp16, inf gradients mean the loss scale overflowed: the LossScaleOptimizer skips
+                # such an update itself and lowers the scale.)
+                finite &= tf.math.is_finite(tf.linalg.global_norm(grads))
+            if self.config.max_grad_norm > 0:
+                # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides
+                # it out): clipping S*g at S*max_norm is clipping g at max_norm.
+                loss_scale = stage.optimizer.scale_loss(1.0)
+                grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale)
+            # The update (or its skip) is decided once for all replicas, outside the replica context:
+            # TensorFlow does not allow a cond around apply_gradients inside it.
+            loss = total / tf.maximum(weight, 1e-12)
+            merge = functools.partial(self._apply_or_skip, stage)
+            applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss)))
+            sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
+        for losses in steps:
+            if next(losses, None) is not None:
+                raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
+        return tf.stack(sums), tf.stack(applied), _row_count(batch)
+
+    def _gradients(self, stage: Stage, steps: list[Iterator]) -> tuple[list, Any, Any]:
+        """The stage's gradients of the exact global mean loss, and its global loss total and weight.
+
+        The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i),
+        over every replica and micro-step. The weight sum is only known once every micro-step has
+        run, so each micro-step takes the gradient of its total / --global-batch-size (with one
+        loss per sample that is already the right scale), and once summed over the replicas the
+        gradients are multiplied by --global-batch-size / sum_i(w_i): the exact mean, for a short
+        last batch, padded tokens or masks alike. With one loss per sample and a full batch the
+        factor is exactly 1.
+
+        Each stage records its own gradient tape: what an earlier stage computed (a GAN's generated
+        images) carries no gradient into a later one, which computes it again.
+        """
+        grads = [tf.zeros(variable.shape, variable.dtype) for variable in stage.variables]
+        total, weight = tf.constant(0.0), tf.constant(0.0)
+        for micro_step, losses in enumerate(steps):
+            # One micro-step at a time: accumulation is there to bound memory, so no overlap.
+            with tf.control_dependencies(grads if micro_step else []), tf.GradientTape() as tape:
+                loss = self._next_loss(losses, stage)
+                scaled = stage.optimizer.scale_loss(loss.total / self.config.global_batch_size)  # fp16: times S
+            micro_grads = tape.gradient(scaled, stage.variables)
+            if all(grad is None for grad in micro_grads):
+                raise StepError(
+                    f"the {stage.name!r} loss from train_step does not depend on model.py's {stage.name!r} weights; "
+                    "compute it from that model's outputs inside its stage (after the previous yield)"
+                )
+            grads = [grad if new is None else grad + new for grad, new in zip(grads, micro_grads, strict=True)]
+            total, weight = total + loss.total, weight + loss.weight
+        # One all-reduce sums the replicas' gradients, loss totals and weights.
+        *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
+        factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
+        grads = [grad * factor for grad in grads]
+        if any(variable.regularizer for variable in stage.variables):
+            # Weight regularizers depend on the weights only: added once per update, on every replica alike.
+            with tf.GradientTape() as tape:
+                penalty = stage.optimizer.scale_loss(stage.regularization())
+            penalty_grads = tape.gradient(penalty, stage.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            grads = [grad + extra for grad, extra in zip(grads, penalty_grads, strict=True)]
+        return grads, total, weight
+
+    def _losses(self, micro_batch: Any) -> Iterator[tuple[str, Mean]]:
+        """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
+        result = train_step(self.models, micro_batch, self.config)
+        if isinstance(result, Iterator):
+            yield from result
+        else:
+            yield self.stages[0].name, result
+
+    def _next_loss(self, losses: Iterator[tuple[str, Mean]], stage: Stage) -> Mean:
+        try:
+            given = next(losses)
+        except StopIteration:
+            raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
+        except Exception as error:
+            raise user_code_error(error, "in train_step") from None
+        if not (isinstance(given, tuple) and len(given) == 2) or (len(self.stages) > 1 and given[0] != stage.name):
+            names = [stage.name for stage in self.stages]
+            raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
+        return check_train_value(given[1], stage.name)
+
+    def _apply_or_skip(
+        self, stage: Stage, strategy: tf.distribute.Strategy, grads: Any, finite: Any, loss: Any
+    ) -> tf.Tensor:
+        """Apply the stage's update on every replica, or skip it; runs once, in the cross-replica context.
+
+        An update with a NaN/inf loss or gradient is skipped on every replica alike: the weights, the
+        optimizer state and so the schedule stay as they were. Once more updates in a row are skipped
+        than allowed, nothing is applied any more and the engine stops the run.
+        """
+        # Each replica computed `finite` and the loss from the same all-reduced sums: take the first.
+        finite, loss = (strategy.experimental_local_results(value)[0] for value in (finite, loss))
+        apply = finite & (stage.skips_in_a_row <= self.allowed_skips)
+
+        def apply_update() -> None:
+            strategy.extended.call_for_each_replica(self._apply_gradients, args=(stage, grads))
+
+        tf.cond(apply, apply_update, lambda: self._skip(stage, loss))
+        stage.skips_in_a_row.assign(tf.where(apply, tf.zeros_like(stage.skips_in_a_row), stage.skips_in_a_row + 1))
+        return apply
+
+    def _apply_gradients(self, stage: Stage, grads: list[tf.Tensor]) -> None:
+        """Update the stage's weights with its clipped global gradient (on every replica)."""
+        # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
+        # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
+        # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
+        # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
+        is_first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+        grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
+        stage.optimizer.apply_gradients(zip(grads, stage.variables, strict=True))
+
+    def _skip(self, stage: Stage, loss: tf.Tensor) -> None:
+        stage.skipped_loss.assign(tf.cast(loss, tf.float64))
+        if self.warn_on_skip:
+            # Warn for each skip the policy allows and for the one that ends the run, not after it.
+            tf.cond(stage.skips_in_a_row <= self.allowed_skips, lambda: self._warn(stage, loss), lambda: None)
+
+    def _warn(self, stage: Stage, loss: tf.Tensor) -> None:
+        which = "" if len(self.stages) == 1 else f" of {stage.name}"
+        message = "warning: NaN/inf loss or gradients" + which + " at epoch {}, step {}: update skipped"
+        message += " (training loss {})"
+        tf.print(tf.strings.format(message, (self.epoch + 1, self.step, loss)), output_stream=sys.stderr)
+
+
+def _row_count(batch: Any) -> tf.Tensor:
+    """The number of samples in a batch: the first dimension of its first tensor."""
+    return tf.shape(tf.nest.flatten(batch)[0])[0]

@@ -1,0 +1,152 @@
+"""Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
+
+RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
+# 1007 training samples = 25 global batches of 40 + a last one of 7: on 2 replicas (20 samples
+# each) it splits 3 + 4, and with --grad-accum-steps 2 into micro-batches of 1, 2, 2 and 2.
+# 251 validation samples in batches of 100 per replica: the last step gives 51 to replica 0 and
+# none to replica 1.
+TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100")
+
+
+@dataclass
+class Training:
+    """A training run started in the background; `finish` waits for it."""
+
+    process: subprocess.Popen
+    log: Path
+    started: float
+
+
+def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
+    """Start training in a fresh process with `replicas` replicas on logical CPU devices."""
+    module = ["-m", "charlm_mirrored.train", "--run-dir", str(run_dir), "--no-progress"]
+    command = [sys.executable, *module, "--cpu-replicas", str(replicas), *flags]
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(sources),
+        "CUDA_VISIBLE_DEVICES": "",  # the tests run on the CPU, also on a machine with GPUs
+        "TF_CPP_MIN_LOG_LEVEL": "2",  # TensorFlow's C++ info and warning logs
+        "TF_NUM_INTRAOP_THREADS": "1",  # runs share the cores: a tiny model gains nothing from threads
+    }
+    # Output goes to a file, not a pipe: runs started together never block on a full pipe.
+    log = run_dir.with_name(run_dir.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as output:
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
+        )
+    return Training(process, log, time.monotonic())
+
+
+def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
+    """Wait for a run; kill it, and everything it started, if it outlives RUN_TIMEOUT_S."""
+    try:
+        training.process.wait(timeout=max(1.0, training.started + RUN_TIMEOUT_S - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(training.process.pid, signal.SIGKILL)  # the whole group
+        training.process.wait()
+        pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
+    output = training.log.read_text()
+    result = subprocess.CompletedProcess(training.process.args, training.process.returncode, output)
+    if expect_success and result.returncode != 0:
+        pytest.fail(f"training failed with exit code {result.returncode}:\n{output}")
+    return result
+
+
+def run_training(
+    run_dir: Path, *flags: str, expect_success: bool = True, **options: int
+) -> subprocess.CompletedProcess:
+    """Train to the end and return the run's exit code and output."""
+    return finish(start_training(run_dir, *flags, **options), expect_success)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Path:
+    """Three epochs on one replica: the run every other run is compared with."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_training(run_dir, *TRAIN_FLAGS)
+    return run_dir
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-epoch records, without wall-clock fields."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{name: value for name, value in record.items() if not name.endswith("_time_s")} for record in records]
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def final_weights(run_dir: Path) -> dict[str, np.ndarray]:
+    """Every number in the newest epoch checkpoint: weights, optimizer state, counters."""
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    return {
+        name: reader.get_tensor(name)
+        for name, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype.is_floating or dtype.is_integer
+        if not name.startswith("save_counter")
+    }
+
+
+def assert_same_weights(left: dict[str, np.ndarray], right: dict[str, np.ndarray], atol: float = 0.0) -> None:
+    assert left.keys() == right.keys()
+    for name in left:
+        np.testing.assert_allclose(left[name], right[name], atol=atol, rtol=0 if atol == 0 else 1e-5, err_msg=name)
+
+
+def assert_same_metrics(left: list[dict[str, Any]], right: list[dict[str, Any]], rel: float = 0.0) -> None:
+    assert len(left) == len(right)
+    for left_record, right_record in zip(left, right, strict=True):
+        assert left_record.keys() == right_record.keys()
+        for name, value in left_record.items():
+            assert right_record[name] == pytest.approx(value, rel=rel, abs=rel), (left_record["epoch"], name)
+
+
+def edited_sources(directory: Path, file: str, old: str, new: str, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """A copy of `sources` (src/, or an edited copy) in `directory`, with one edit in one of the package's files."""
+    copy = directory / "src"
+    shutil.copytree(sources, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    path = copy / "charlm_mirrored" / file
+    text = path.read_text()
+    if old not in text:  # the user replaced the template's default code that this test edits
+        pytest.skip(f"{file} no longer holds the default code this test edits: {old!r}")
+    path.write_text(text.replace(old, new))
+    return copy
+
+
+def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """model.py with two Conv2D layers, which run on short batches."""
+    convolutions = (
+        "            keras.layers.Reshape((NUM_FEATURES, 1, 1)),\n"
+        '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'
+        '            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),\n'
+        "            keras.layers.Flatten(),\n"
+    )
+    dense = '            keras.layers.Dense(64, activation="relu"),\n' * 2
+    return edited_sources(directory, "model.py", dense, convolutions, sources)
+
+
+def sources_with_a_nan_training_sample(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """data.py whose training sample 5 holds a NaN input: the update on its batch gets a NaN gradient."""
+    targets = "        targets = (np.tanh(inputs @ hidden) @ readout).argmax(axis=1)\n"
+    nan_sample = "        if size == 1007:  # the train split\n            inputs[5, 0] = np.nan\n"
+    return edited_sources(directory, "data.py", targets, targets + nan_sample, sources)

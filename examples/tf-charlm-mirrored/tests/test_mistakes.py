@@ -1,0 +1,135 @@
+"""Mistakes in flags, data and user files: one line naming what to fix, no traceback, nothing lost.
+
+The failing runs start together (each is mostly TensorFlow's start-up and tracing) and are checked
+one by one.
+"""
+
+import pytest
+from conftest import edited_sources, finish, run_training, start_training, summary
+
+from charlm_mirrored.config import TrainConfig, parse_config
+from charlm_mirrored.errors import ConfigError
+
+ONE_EPOCH = ("--epochs", "1", "--global-batch-size", "40")
+SPLITS = "    return make_split(1007), make_split(251), make_split(257)"
+
+# name: (file, old, new) edits of the default sources, each a mistake a user makes.
+MISTAKES = {
+    "wrong_shape": ("data.py", "inputs.astype(np.float32)", "inputs[:, 1:].astype(np.float32)"),
+    "label_out_of_range": (
+        "data.py",
+        "targets.astype(np.int32)",
+        "np.where(np.arange(size) == size - 2, 9, targets).astype(np.int32)",
+    ),
+    "averaged_loss": (
+        "loss.py",
+        "return keras.losses.sparse_categorical_crossentropy(targets, tf.cast(outputs, tf.float32), from_logits=True)",
+        "return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(targets, outputs, from_logits=True))",
+    ),
+    "metric_named_loss": ("metrics.py", 'return {"accuracy": ', 'return {"loss": '),
+    "nan_test_data": (
+        "data.py",
+        SPLITS,
+        "    test = make_split(257).map(lambda x, y: (tf.where(tf.reduce_sum(x) > 4, x * np.nan, x), y))\n"
+        "    return make_split(1007), make_split(251), test",
+    ),
+    "nan_val_data": (
+        "data.py",
+        SPLITS,
+        "    val = make_split(251).map(lambda x, y: (tf.where(tf.reduce_sum(x) > 4, x * np.nan, x), y))\n"
+        "    return make_split(1007), val, make_split(257)",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mistakes")
+    with pytest.MonkeyPatch.context() as patch:
+        # oneDNN's fused ReLU (TensorFlow's default on the CPU) turns a NaN input into 0, so NaN
+        # data could leave the loss finite here; without oneDNN the NaN reaches the loss.
+        patch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+        started = {
+            name: start_training(root / name, *ONE_EPOCH, sources=edited_sources(root / f"{name}_src", *edit))
+            for name, edit in MISTAKES.items()
+        }
+    return root, {name: finish(training, expect_success=False) for name, training in started.items()}
+
+
+def test_config_rejects_out_of_range_values():
+    with pytest.raises(ConfigError, match="--seed must be between 0 and 2147483647"):
+        TrainConfig(seed=-1).validate()
+    with pytest.raises(ConfigError, match="--shuffle-buffer must be at most"):
+        TrainConfig(shuffle_buffer=10**20).validate()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--lr", "nan"), "argument --lr: invalid finite float value: 'nan'"),
+        (("--max-grad-norm", "inf"), "argument --max-grad-norm: invalid finite float value: 'inf'"),
+        (("--seed", "1e23"), "argument --seed: invalid int value: '1e23'"),
+        (("--seed", "-1"), "--seed must be between 0 and 2147483647, got -1"),
+    ],
+)
+def test_bad_flag_values_are_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        parse_config(list(flags))
+    assert exit_status.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_wrong_input_shape_names_the_file_to_fix(mistakes):
+    _, results = mistakes
+    result = results["wrong_shape"]
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert "step.py:" in result.stdout and "failed in train_step: ValueError:" in result.stdout
+
+
+def test_an_out_of_range_label_deep_in_the_data_is_one_line(mistakes):
+    # Sample 1005 of 1007 has the label 9 of 4 classes: TensorFlow refuses it inside the compiled step.
+    _, results = mistakes
+    result = results["label_out_of_range"]
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert "error: a batch was refused (" in result.stdout and "which is outside the valid range" in result.stdout
+
+
+def test_an_averaged_loss_is_refused(mistakes):
+    _, results = mistakes
+    result = results["averaged_loss"]
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert "step.py:" in result.stdout and "Mean() takes one value per sample" in result.stdout
+
+
+def test_a_metric_named_loss_is_refused(mistakes):
+    _, results = mistakes
+    result = results["metric_named_loss"]
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert "metrics.py returns a metric named 'loss', which would replace the loss; rename the metric" in result.stdout
+
+
+def test_nan_test_data_fails_the_run_but_keeps_its_results(mistakes):
+    root, results = mistakes
+    result = results["nan_test_data"]
+    assert result.returncode == 1
+    assert "test_loss is nan at the final test" in result.stdout and "check the test data" in result.stdout
+    assert summary(root / "nan_test_data")["epochs_run"] == 1  # the run's results are kept
+
+
+def test_nan_validation_data_is_not_blamed_on_the_learning_rate(mistakes):
+    root, results = mistakes
+    result = results["nan_val_data"]
+    assert result.returncode == 1
+    assert "val_loss is nan at epoch 1" in result.stdout and "check the val data" in result.stdout
+    assert "lower --lr" not in result.stdout
+    assert not list((root / "nan_val_data" / "checkpoints").glob("*.index"))
+
+
+def test_a_damaged_best_checkpoint_tests_the_last_weights(tmp_path):
+    # With a zero learning rate epoch 1 stays the best, so best/ does not hold the newest checkpoint.
+    run_training(tmp_path, *ONE_EPOCH, "--epochs", "2", "--lr", "0", "--stop-after-epoch", "1")
+    for data in (tmp_path / "checkpoints" / "best").glob("best-1.data-*"):
+        data.write_bytes(b"not a checkpoint")
+    result = run_training(tmp_path, *ONE_EPOCH, "--epochs", "2", "--lr", "0", "--resume")
+    assert "warning: cannot load the best checkpoint" in result.stdout
+    assert summary(tmp_path)["tested_checkpoint"] == "last (best unreadable)"

@@ -1,0 +1,102 @@
+"""The loop trains, logs, plots, and refuses bad input, on one replica.
+
+Accumulation, resume, early stopping, short batches and NaN handling are tested on two replicas in
+test_distributed.py.
+"""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import (
+    PROJECT_ROOT,
+    TRAIN_FLAGS,
+    assert_same_weights,
+    final_weights,
+    finish,
+    metrics,
+    run_training,
+    start_training,
+    summary,
+)
+
+from charlm_mirrored.config import TrainConfig
+from charlm_mirrored.errors import ConfigError
+
+VAL_SAMPLES, TEST_SAMPLES = 251, 257  # data.py's split sizes: odd on purpose
+
+
+def test_trains_and_writes_the_run_directory(reference):
+    records = metrics(reference)
+    assert [record["epoch"] for record in records] == [1, 2, 3]
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["val_loss"] < records[0]["val_loss"]
+    assert all(record["val_samples"] == VAL_SAMPLES for record in records)
+    header = (reference / "metrics.csv").read_text().splitlines()[0]
+    assert header.startswith("epoch,train_loss,val_loss,val_accuracy,val_samples,")
+    for name in ["config.json", "checkpoints/checkpoint", "checkpoints/epoch-3.index", "checkpoints/best/checkpoint"]:
+        assert (reference / name).is_file(), name
+    result = summary(reference)
+    assert result["epochs_run"] == 3 and result["stopped_early"] is False
+    assert result["test_samples"] == TEST_SAMPLES
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and result["test_loss"] > 0
+
+
+def test_plot_writes_curves_or_explains_what_is_missing(reference):
+    environment = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    command = [sys.executable, "-m", "charlm_mirrored.plot", str(reference)]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert result.returncode == 1 and "needs matplotlib" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        logged = metrics(reference)[0]
+        panels = [
+            "loss",
+            *(name[4:] for name in logged if name.startswith("val_") and name[4:] not in ("loss", "samples")),
+        ]
+        for name in panels:
+            assert (reference / "plots" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+
+
+def test_bad_batch_split_is_refused():
+    with pytest.raises(ConfigError, match="--global-batch-size 63 must be divisible by replicas x --grad-accum-steps"):
+        TrainConfig(global_batch_size=63, grad_accum_steps=2).check_batch_split(replicas=1)
+
+
+def test_a_finished_run_is_not_overwritten(reference):
+    before = final_weights(reference)
+    result = run_training(reference, *TRAIN_FLAGS, expect_success=False)
+    assert result.returncode == 2 and "--resume" in result.stdout
+    assert_same_weights(before, final_weights(reference))
+
+
+def test_config_rejects_out_of_range_values():
+    with pytest.raises(ConfigError, match="--epochs must be at least 1"):
+        TrainConfig(epochs=0).validate()
+    with pytest.raises(ConfigError, match="--lr must not be negative"):
+        TrainConfig(lr=-1.0).validate()
+    with pytest.raises(ConfigError, match="--nan-policy skip does not combine with --precision fp16"):
+        TrainConfig(nan_policy="skip", precision="fp16").validate()
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(reference, tmp_path):
+    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every check
+    # (here after every update) with a checkpoint, exit status 143, and --resume carries on exactly.
+    flags = (*TRAIN_FLAGS, "--steps-per-call", "1", "--log-every", "1")
+    training = start_training(tmp_path, *flags)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    training.process.send_signal(signal.SIGTERM)
+    result = finish(training, expect_success=False)
+    assert result.returncode == 143, result.stdout
+    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
+    assert "stopped by SIGTERM after" in result.stdout
+    run_training(tmp_path, *flags, "--resume")
+    assert_same_weights(final_weights(reference), final_weights(tmp_path))
+    assert metrics(reference) == metrics(tmp_path)
