@@ -316,7 +316,7 @@ def test_new_from_an_example_takes_its_files_renamed_and_commits_them(tmp_path):
     assert recorded["description"] == answers(example)["description"]
     theirs, ours = example / "src" / "gan_ddp", destination / "src" / "my_gan"
     names = user_files(theirs)
-    assert names == {"data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py"}
+    assert names == {"data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py"}
     for name in names:
         text = (ours / name).read_text()
         assert text == (theirs / name).read_text().replace("gan_ddp", "my_gan"), name

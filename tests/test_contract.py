@@ -114,10 +114,13 @@ def test_gan_with_a_locally_scaled_loss_fails_the_same_check(gan, tmp_path):
     )
 
 
-def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+    # 20 updates an epoch (1257 samples, 64 a batch): stopped after update 27, part-way through
+    # epoch 2, with both networks' optimizers, schedulers and running losses in the checkpoint.
     train_torch(gan, tmp_path / "straight", *GAN_RUN)
-    train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-epoch", "1")  # of 2
-    train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
+    resumed = train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed.stdout
     assert relative_difference(trained_weights(tmp_path / "straight"), trained_weights(tmp_path / "resumed")) == 0
     assert records(tmp_path / "straight") == [
         {**record, "epoch_time_s": records(tmp_path / "straight")[index]["epoch_time_s"]}

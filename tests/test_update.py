@@ -25,7 +25,7 @@ from looptpl.errors import LooptplError
 from looptpl.update import update_project
 
 V1, V2 = "v1.0.0", "v1.1.0"
-USER_FILES = ("data", "model", "step", "loss", "metrics", "optim", "settings")
+USER_FILES = ("data", "model", "step", "loss", "metrics", "optim", "settings", "hooks")
 ENGINE_FIX = "  # looptpl v1.1.0: engine fix"
 README_FIX = "Template fix from v1.1.0: see docs/updating.md."
 PYPROJECT_FIX = "# looptpl v1.1.0: pyproject fix"

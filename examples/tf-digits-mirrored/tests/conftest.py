@@ -92,6 +92,11 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [{name: value for name, value in record.items() if not name.endswith("_time_s")} for record in records]
 
 
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of steps.jsonl: every --log-every updates, and the --eval-every validations."""
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
 def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -131,6 +136,71 @@ def edited_sources(directory: Path, file: str, old: str, new: str, sources: Path
         pytest.skip(f"{file} no longer holds the default code this test edits: {old!r}")
     path.write_text(text.replace(old, new))
     return copy
+
+
+RECORDING_HOOKS = """import json
+from pathlib import Path
+
+STOP_AT_STEP = 0
+
+
+class Hooks:
+    def __init__(self, config):
+        self.config = config
+        self.logs = 0
+
+    def record(self, run, *event):
+        with (Path(self.config.run_dir) / f"hooks-rank{run.rank}.jsonl").open("a") as file:
+            file.write(json.dumps(event) + "\\n")
+
+    def on_run_start(self, run):
+        self.record(run, "run_start", run.epoch, run.step)
+
+    def on_epoch_start(self, run, epoch):
+        self.record(run, "epoch_start", epoch)
+
+    def after_update(self, run):
+        self.record(run, "update", run.step)
+        if run.step >= STOP_AT_STEP > 0 and run.rank == run.world_size - 1:
+            run.request_stop(f"step {STOP_AT_STEP} reached")
+
+    def on_log(self, run, record):
+        self.logs += 1
+        self.record(run, "log", record["step"])
+        return {"logs_counted": self.logs}
+
+    def after_evaluation(self, run, split, results):
+        self.record(run, "evaluation", split)
+        return {f"{split}_loss_doubled": 2 * results[f"{split}_loss"]}
+
+    def on_epoch_end(self, run, record):
+        self.record(run, "epoch_end", record["epoch"])
+
+    def on_run_end(self, run, summary):
+        self.record(run, "run_end", summary["steps"])
+
+    def state_dict(self):
+        return {"logs": self.logs}
+
+    def load_state_dict(self, state):
+        self.logs = state["logs"]
+"""
+
+
+def sources_with_recording_hooks(directory: Path, stop_at: int = 0) -> Path:
+    """hooks.py replaced by hooks that record each call to hooks-rank<R>.jsonl in the run directory,
+    count the logged records (a count kept in the checkpoints), add values to the logs, and stop
+    the run from the last process once update `stop_at` is done."""
+    copy = directory / "src"
+    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    hooks = RECORDING_HOOKS.replace("STOP_AT_STEP = 0", f"STOP_AT_STEP = {stop_at}")
+    (copy / "digits_mirrored" / "hooks.py").write_text(hooks)
+    return copy
+
+
+def hook_calls(run_dir: Path, rank: int = 0) -> list[list[Any]]:
+    """The hook calls recorded by `sources_with_recording_hooks` on process `rank`, in order."""
+    return [json.loads(line) for line in (run_dir / f"hooks-rank{rank}.jsonl").read_text().splitlines()]
 
 
 def sources_with_a_conv_model(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:

@@ -9,10 +9,12 @@ from conftest import (
     assert_same_weights,
     final_weights,
     finish,
+    hook_calls,
     metrics,
     run_training,
     sources_with_a_conv_model,
     sources_with_a_nan_training_sample,
+    sources_with_recording_hooks,
     start_training,
     summary,
 )
@@ -25,6 +27,7 @@ def runs(tmp_path_factory):
     """Two-replica runs, started together; the resumed one continues once its first part is done."""
     root = tmp_path_factory.mktemp("runs")
     stopped = (*TRAIN_FLAGS, "--checkpoint-every", "10")
+    hooked = sources_with_recording_hooks(root / "hooks", stop_at=7)
     started = {
         "two": start_training(root / "two", *TRAIN_FLAGS, replicas=2),
         "two_accum": start_training(root / "two_accum", *TRAIN_FLAGS, "--grad-accum-steps", "2", replicas=2),
@@ -33,6 +36,8 @@ def runs(tmp_path_factory):
         # With a zero learning rate the validation loss never improves after the first epoch.
         "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", replicas=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", replicas=2),
+        # The last replica's hooks ask to stop once update 7 is done: the run ends after update 8.
+        "hooked": start_training(root / "hooked", *TRAIN_FLAGS, "--log-every", "4", sources=hooked, replicas=2),
     }
     results = {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
     results["resume"] = run_training(root / "resumed", *stopped, "--resume", replicas=2)
@@ -81,6 +86,13 @@ def test_resume_on_two_replicas_matches_an_uninterrupted_run(runs):
     assert "resumed from epoch 1, step 37 (update 11 of epoch 2)" in results["resume"].stdout
     assert_same_weights(final_weights(root / "two"), final_weights(root / "resumed"))
     assert metrics(root / "two") == metrics(root / "resumed")
+
+
+def test_a_stop_asked_by_a_hook_stops_every_replica_at_the_same_update(runs):
+    root, _ = runs
+    assert hook_calls(root / "hooked")[-1] == ["run_end", 8]
+    assert summary(root / "hooked")["stop_reason"] == "step 7 reached"
+    assert [(record["epoch"], record["step"]) for record in metrics(root / "hooked")] == [(1, 8)]
 
 
 def test_early_stopping_stops_every_replica_at_the_same_epoch(runs):

@@ -13,9 +13,12 @@ from conftest import (
     final_weights,
     finish,
     free_port,
+    hook_calls,
     metrics,
     run_training,
     sources_with_a_nan_training_sample,
+    sources_with_dropout,
+    sources_with_recording_hooks,
     start,
     summary,
     training_command,
@@ -57,11 +60,27 @@ def test_evaluation_counts_every_sample_once(runs):
         assert summary(runs / "two")[name] == pytest.approx(summary(runs / "one")[name], rel=1e-5)
 
 
-def test_resume_on_two_ranks_matches_an_uninterrupted_run(runs, tmp_path):
-    run_training(tmp_path, *EPOCHS, "--stop-after-epoch", "1", ranks=2)
-    run_training(tmp_path, *EPOCHS, "--resume", ranks=2)
-    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path))
-    assert metrics(runs / "two") == metrics(tmp_path)
+def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_run(tmp_path):
+    # With dropout and 2 accumulation steps: 16 updates an epoch, stopped after update 23 (with
+    # checkpoints every 5), resumed from there; each rank's dropout draws continue where they were.
+    sources = sources_with_dropout(tmp_path / "dropout")
+    flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5")
+    run_training(tmp_path / "straight", *flags, ranks=2, sources=sources)
+    run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", ranks=2, sources=sources)
+    result = run_training(tmp_path / "resumed", *flags, "--resume", ranks=2, sources=sources)
+    assert "resumed from epoch 1, step 23 (update 7 of epoch 2)" in result.stdout
+    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
+    assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
+
+
+def test_hooks_run_alike_on_every_rank_and_a_stop_asked_on_one_rank_stops_all(tmp_path):
+    # Rank 1 alone asks to stop at update 7; with --log-every 4 both ranks end epoch 1 after update 8.
+    sources = sources_with_recording_hooks(tmp_path, stop_at=7)
+    run_training(tmp_path / "run", "--epochs", "3", "--log-every", "4", ranks=2, sources=sources)
+    assert hook_calls(tmp_path / "run", rank=0) == hook_calls(tmp_path / "run", rank=1)
+    assert hook_calls(tmp_path / "run", rank=0)[-1] == ["run_end", 8]
+    assert summary(tmp_path / "run")["stop_reason"] == "a hook asked, on another rank"
+    assert [(record["epoch"], record["step"]) for record in metrics(tmp_path / "run")] == [(1, 8)]
 
 
 def test_resume_on_a_different_number_of_ranks(runs, tmp_path):

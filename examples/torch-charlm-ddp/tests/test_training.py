@@ -16,10 +16,14 @@ from conftest import (
     edited_sources,
     final_weights,
     finish,
+    hook_calls,
     metrics,
     run_training,
     sources_with_a_nan_training_sample,
+    sources_with_dropout,
+    sources_with_recording_hooks,
     start,
+    step_records,
     summary,
     training_command,
 )
@@ -111,12 +115,7 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # uninterrupted one in the main process. Each sample's draws depend on the seed, the epoch and
     # its index only, and dropout's on the generator state the checkpoint holds, so both runs end
     # with the same weights, to the bit.
-    sources = sources_with_random_augmentation(tmp_path)
-    model = sources / "charlm_ddp" / "model.py"
-    readout = "        nn.Linear(config.hidden_size, NUM_CLASSES),\n"
-    if readout not in model.read_text():
-        pytest.skip("model.py no longer holds the default model this test adds dropout to")
-    model.write_text(model.read_text().replace(readout, "        nn.Dropout(0.3),\n" + readout))
+    sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
     flags = ("--epochs", "3", "--checkpoint-every", "10")
     run_training(tmp_path / "straight", *flags, sources=sources)
     workers = ("--num-workers", "2")
@@ -135,6 +134,76 @@ def test_max_steps_ends_part_way_through_an_epoch(tmp_path):
     records = metrics(tmp_path)
     assert [(record["epoch"], record["step"]) for record in records] == [(1, 16), (2, 20)]
     assert records[-1]["lr"] == 0.0  # the cosine schedule ran over the 20 updates, not 2 whole epochs
+
+
+def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
+    # 16 updates per epoch: validations at updates 6, 12, 18, 24 and 30 (the epoch ends validate
+    # anyway), and a record of the training loss every 4 updates of an epoch besides.
+    sources = sources_with_dropout(tmp_path)
+    flags = ("--epochs", "2", "--schedule", "constant", "--log-every", "4")
+    run_training(tmp_path / "plain", *flags, sources=sources)
+    run_training(tmp_path / "validated", *flags, "--eval-every", "6", sources=sources)
+    steps = step_records(tmp_path / "validated")
+    assert [record["step"] for record in steps] == [4, 6, 8, 12, 16, 18, 20, 24, 28, 30, 32]
+    assert [record["step"] for record in steps if "val_loss" in record] == [6, 12, 18, 24, 30]
+    # Validating part-way changes nothing in training (train mode restored, no random draws taken).
+    assert_same_weights(final_weights(tmp_path / "plain"), final_weights(tmp_path / "validated"))
+    assert metrics(tmp_path / "plain") == metrics(tmp_path / "validated")
+    # The validation at update 6 is that of the weights after 6 updates: a run of 6 updates ends there.
+    run_training(tmp_path / "six", *flags, "--max-steps", "6", sources=sources)
+    at_six = next(record for record in steps if record["step"] == 6)
+    assert at_six["val_loss"] == metrics(tmp_path / "six")[-1]["val_loss"]
+    # Stopped and resumed part-way, the run logs each record once, the same as the uninterrupted run.
+    stopped = (*flags, "--eval-every", "6", "--checkpoint-every", "5")
+    run_training(tmp_path / "resumed", *stopped, "--stop-after-step", "13", sources=sources)
+    run_training(tmp_path / "resumed", *stopped, "--resume", sources=sources)
+    assert step_records(tmp_path / "resumed") == steps
+    assert_same_weights(final_weights(tmp_path / "plain"), final_weights(tmp_path / "resumed"))
+
+
+def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(tmp_path):
+    sources = sources_with_recording_hooks(tmp_path)
+    flags = ("--epochs", "2", "--log-every", "5", "--checkpoint-every", "5")
+    run_training(tmp_path / "straight", *flags, sources=sources)
+    expected = [["run_start", 0, 0]]
+    for epoch in (1, 2):  # 16 updates each
+        expected.append(["epoch_start", epoch])
+        for done in range(1, 17):
+            expected.append(["update", (epoch - 1) * 16 + done])
+            if done % 5 == 0 or done == 16:
+                expected.append(["log", (epoch - 1) * 16 + done])
+        expected += [["evaluation", "val"], ["epoch_end", epoch]]
+    assert hook_calls(tmp_path / "straight") == [*expected, ["evaluation", "test"], ["run_end", 32]]
+    for record in metrics(tmp_path / "straight"):
+        assert record["val_loss_doubled"] == 2 * record["val_loss"]
+    assert summary(tmp_path / "straight")["test_loss_doubled"] == 2 * summary(tmp_path / "straight")["test_loss"]
+    steps = step_records(tmp_path / "straight")
+    assert [record["updates_counted"] for record in steps] == [record["step"] for record in steps]
+    # Stopped part-way through epoch 2 and resumed: the hooks' count continues from the checkpoint.
+    run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", sources=sources)
+    run_training(tmp_path / "resumed", *flags, "--resume", sources=sources)
+    assert step_records(tmp_path / "resumed") == steps
+
+
+def test_a_hook_ends_the_run_at_the_next_log_boundary(tmp_path):
+    # Asked at update 7, with --log-every 4: epoch 1 ends after update 8, is validated and
+    # checkpointed, and the run tests its best checkpoint as after early stopping.
+    sources = sources_with_recording_hooks(tmp_path, stop_at=7)
+    run_training(tmp_path / "run", "--epochs", "3", "--log-every", "4", sources=sources)
+    assert [(record["epoch"], record["step"]) for record in metrics(tmp_path / "run")] == [(1, 8)]
+    result = summary(tmp_path / "run")
+    assert (result["steps"], result["stopped_early"], result["stop_reason"]) == (8, True, "step 7 reached")
+    assert hook_calls(tmp_path / "run")[-1] == ["run_end", 8]
+
+
+def test_a_mistake_in_a_hook_is_one_line(tmp_path):
+    # after_evaluation returns a value under a name the results already hold.
+    last_return = "        return {}\n\n    def on_epoch_end"
+    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", "{'val_loss': 0.0}"))
+    result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
+    assert result.returncode == 1
+    assert "hooks.py: after_evaluation must return a dict of new names, got ['val_loss']" in result.stdout
+    assert "Traceback" not in result.stdout
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path):

@@ -72,10 +72,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def edited_sources(tmp_path: Path, file: str, old: str, new: str) -> Path:
-    """A copy of src/ with one edit in one of the package's files, as a user might make it."""
+def edited_sources(tmp_path: Path, file: str, old: str, new: str, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """A copy of `sources` (src/) with one edit in one of the package's files, as a user might make it."""
     copy = tmp_path / "edited_src"
-    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(sources, copy, ignore=shutil.ignore_patterns("__pycache__"))
     path = copy / "digits_ddp" / file
     text = path.read_text()
     if old not in text:  # the user replaced the template's default code that this test edits
@@ -95,10 +95,86 @@ def sources_with_a_nan_training_sample(tmp_path: Path) -> Path:
     )
 
 
+def sources_with_dropout(tmp_path: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """model.py with dropout before its readout: every training update draws random numbers."""
+    readout = "        nn.Linear(config.hidden_size, NUM_CLASSES),\n"
+    return edited_sources(tmp_path, "model.py", readout, "        nn.Dropout(0.3),\n" + readout, sources)
+
+
+RECORDING_HOOKS = """import json
+from pathlib import Path
+
+STOP_AT_STEP = 0
+
+
+class Hooks:
+    def __init__(self, config):
+        self.config = config
+        self.updates = 0
+
+    def record(self, run, *event):
+        with (Path(self.config.run_dir) / f"hooks-rank{run.rank}.jsonl").open("a") as file:
+            file.write(json.dumps(event) + "\\n")
+
+    def on_run_start(self, run):
+        self.record(run, "run_start", run.epoch, run.step)
+
+    def on_epoch_start(self, run, epoch):
+        self.record(run, "epoch_start", epoch)
+
+    def after_update(self, run):
+        self.updates += 1
+        self.record(run, "update", run.step)
+        if run.step == STOP_AT_STEP and run.rank == run.world_size - 1:
+            run.request_stop(f"step {STOP_AT_STEP} reached")
+
+    def on_log(self, run, record):
+        self.record(run, "log", record["step"])
+        return {"updates_counted": self.updates}
+
+    def after_evaluation(self, run, split, results):
+        self.record(run, "evaluation", split)
+        return {f"{split}_loss_doubled": 2 * results[f"{split}_loss"]}
+
+    def on_epoch_end(self, run, record):
+        self.record(run, "epoch_end", record["epoch"])
+
+    def on_run_end(self, run, summary):
+        self.record(run, "run_end", summary["steps"])
+
+    def state_dict(self):
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state):
+        self.updates = state["updates"]
+"""
+
+
+def sources_with_recording_hooks(tmp_path: Path, stop_at: int = 0) -> Path:
+    """hooks.py replaced by hooks that record each call to hooks-rank<R>.jsonl in the run directory,
+    count the updates (a count kept in the checkpoints), add values to the logs, and stop the run
+    from the last rank at update `stop_at`."""
+    copy = tmp_path / "hooked_src"
+    shutil.copytree(PROJECT_ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    hooks = RECORDING_HOOKS.replace("STOP_AT_STEP = 0", f"STOP_AT_STEP = {stop_at}")
+    (copy / "digits_ddp" / "hooks.py").write_text(hooks)
+    return copy
+
+
+def hook_calls(run_dir: Path, rank: int = 0) -> list[list[Any]]:
+    """The hook calls recorded by `sources_with_recording_hooks` on `rank`, in order."""
+    return [json.loads(line) for line in (run_dir / f"hooks-rank{rank}.jsonl").read_text().splitlines()]
+
+
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The per-epoch records, without wall-clock fields."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{name: value for name, value in record.items() if not name.endswith("_time_s")} for record in records]
+
+
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of steps.jsonl: every --log-every updates, and the --eval-every validations."""
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

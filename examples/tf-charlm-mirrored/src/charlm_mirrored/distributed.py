@@ -17,15 +17,21 @@ class Runtime:
     """The strategy, and this process's part in the run.
 
     The engine and train.py coordinate processes only through `is_chief` (the process that logs
-    and writes files) and `agree`. Here one process holds every replica, so it is the chief and
-    has no one to agree with; the multi-worker template fills both in.
+    and writes files), `agree` and `any_worker`. Here one process holds every replica, so it is the
+    chief and has no one to agree with; the multi-worker template fills them in.
     """
 
     strategy: tf.distribute.Strategy
     is_chief: bool = True
+    task_id: int = 0  # this process's index among the run's processes
+    workers: int = 1  # the run's processes
 
     def agree(self, decision: bool) -> bool:
         """The chief's decision, shared with every process: here, the decision itself."""
+        return decision
+
+    def any_worker(self, decision: bool) -> bool:
+        """Whether any process decided so: here, the decision itself."""
         return decision
 
 

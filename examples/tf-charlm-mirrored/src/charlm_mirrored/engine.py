@@ -6,9 +6,10 @@ newest checkpoint exactly as if the run had not stopped. SIGTERM (what Slurm and
 before a kill) stops the run at the next --log-every boundary, with a checkpoint.
 
 Managed by the looptpl template: put your own code in step.py, model.py, data.py, loss.py,
-metrics.py, optim.py and settings.py.
+metrics.py, optim.py, settings.py and hooks.py.
 """
 
+import json
 import math
 import signal
 import time
@@ -18,12 +19,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .callbacks import EarlyStopping, MetricLogger, ProgressBar
-from .checkpoint import Checkpointer, ConfigState
+from .callbacks import EarlyStopping, MetricLogger, ProgressBar, Run
+from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import TrainingError
+from .errors import StepError, TrainingError, user_code_error
 from .evaluation import Evaluator, finite_or_raise
+from .hooks import Hooks
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import distribute_eval, distribute_train, split_size
@@ -78,10 +80,19 @@ class Trainer:
             one = len(self.stages) == 1
             self.trained = self.stages[0].model if one else {stage.name: stage.model for stage in self.stages}
             optimizers = self.stages[0].optimizer if one else {stage.name: stage.optimizer for stage in self.stages}
+            try:
+                self.hooks = Hooks(config)
+            except Exception as error:
+                raise user_code_error(error, "building Hooks") from None
+            self.hooks_state = HooksState()
             self.checkpointer = Checkpointer(
                 self.run_dir,
                 config.keep_checkpoints,
                 model=self.trained,
+                # Keras keeps each dropout layer's random state in a non-trainable variable that
+                # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
+                # draws the same dropout masks as an uninterrupted one.
+                non_trainable=[variable for stage in self.stages for variable in stage.model.non_trainable_variables],
                 optimizer=optimizers,
                 epoch=self.epoch,
                 step=self.step,
@@ -89,12 +100,15 @@ class Trainer:
                 running=self.running,
                 early_stopping=self.early_stopping,
                 config=self.saved_config,
+                hooks=self.hooks_state,
             )
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
         self.logger = MetricLogger(self.run_dir) if runtime.is_chief else None
         self.progress = ProgressBar(config.progress and runtime.is_chief)
+        # hooks.py sees what model.py and optim.py built.
+        self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_chief)
         sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes)
 
@@ -113,18 +127,19 @@ class Trainer:
         """
         first = int(self.position.numpy())
         end = min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
+        self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end)
         # Summed over the epoch and since the last check, one row per stage: loss total and weight
         # of applied updates, all weight, skipped updates (train_step.py). A resumed epoch goes on
         # from the totals its checkpoint holds.
         epoch_totals, window = tf.unstack(self.running) if first else (tf.zeros([len(self.stages), 4], tf.float64),) * 2
-        samples, expected = 0, sum(self.batch_sizes()[first:end])
+        samples = 0
         dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch, first)
         batches = iter(dataset)
         updates, log_every = first, self.config.log_every
         while updates < end:
-            # A call ends at the epoch's end and at every update that checkpoints.
-            count = min(self.config.steps_per_call, end - updates, self._to_next_checkpoint(epoch, updates))
+            # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
+            count = min(self.config.steps_per_call, end - updates, self._to_next_boundary(epoch, updates))
             try:
                 totals, call_samples = self.train_step.call(batches, tf.constant(count))
             except tf.errors.OutOfRangeError:
@@ -135,23 +150,31 @@ class Trainer:
             epoch_totals, window = epoch_totals + totals, window + totals
             samples += int(call_samples)
             updates += count
+            self.run.step = int(self.step.numpy())
+            self.hook("after_update", self.run)
+            in_run = epoch * self.updates_per_epoch + updates
+            # The epoch end validates anyway (fit).
+            validate = self.config.eval_every > 0 and in_run % self.config.eval_every == 0 and updates != end
             stop = False
-            # Progress and the NaN check at the end of each call that passes a multiple of --log-every.
-            if updates // log_every > (updates - count) // log_every or updates == end:
+            # Progress, the NaN check and a steps.jsonl record every --log-every updates of the epoch,
+            # at its end and at each validation.
+            if updates % log_every == 0 or updates == end or validate:
                 stage = self.train_step.gave_up()
                 if stage is not None:
                     raise TrainingError(self._not_finite_message(epoch, stage))
-                total, kept, _, _ = window[0].numpy()
-                self.progress.update(updates, samples, total / max(1e-12, kept))
+                self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
                 stop = self.terminate
-            in_run = epoch * self.updates_per_epoch + updates
+                if self.runtime.any_worker(bool(self.run.stop_reason)):
+                    end = updates  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
+                    break
             if updates == end:
                 break  # the epoch end checkpoints (fit)
             stop = stop or in_run == self.config.stop_after_step
             if stop or (self.config.checkpoint_every and in_run % self.config.checkpoint_every == 0):
                 self.position.assign(updates)
                 self.running.assign(tf.stack([epoch_totals, window]))
+                self.save_hooks_state()
                 self.checkpointer.save_within_epoch(in_run)
                 if stop:
                     self.progress.finish()
@@ -161,6 +184,7 @@ class Trainer:
         self.position.assign(0)
         self.running.assign(tf.zeros_like(self.running))  # an epoch-end checkpoint holds no running totals
         self.samples_trained += samples
+        expected = sum(self.batch_sizes()[first:end])
         if samples != expected:
             raise TrainingError(
                 f"trained on {samples} samples this epoch, expected {expected}; data.py's make_batches "
@@ -179,13 +203,33 @@ class Trainer:
         rest = self.samples_per_epoch % self.config.global_batch_size
         return full + ([rest] if rest else [])
 
-    def _to_next_checkpoint(self, epoch: int, updates: int) -> int:
-        """Updates from `updates` (this epoch's) to the next one that checkpoints part-way, or a large number."""
+    def log_window(self, window: tf.Tensor, epoch: int, updates: int, samples: int, validate: bool) -> None:
+        """Show and log the training loss of the updates since the last call; validate if asked."""
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": int(self.step.numpy())}
+        for stage, (total, kept, _, _) in zip(self.stages, window.numpy(), strict=True):
+            record[self._loss_name(stage)] = total / kept if kept else math.nan  # none kept: all skipped
+        self.progress.update(updates, samples, record[self._loss_name(self.stages[0])])
+        record["lr"] = float(self.stages[0].optimizer.learning_rate)
+        if validate:
+            record.update(self.evaluate("val"))
+        record.update(self.added_values("on_log", record))
+        if self.logger is not None:
+            self.logger.log_step(record)
+
+    def _to_next_boundary(self, epoch: int, updates: int) -> int:
+        """Updates from `updates` (this epoch's) to the next one that logs, checkpoints or validates.
+
+        Calls end at the same updates however long they may be, so --steps-per-call and a resume
+        change neither the logs nor the checkpoints.
+        """
         in_run = epoch * self.updates_per_epoch + updates
-        due = [self.config.stop_after_step - in_run] if self.config.stop_after_step > in_run else []
-        if self.config.checkpoint_every:
-            due.append(self.config.checkpoint_every - in_run % self.config.checkpoint_every)
-        return min(due, default=self.updates_per_epoch)
+        due = [self.config.log_every - updates % self.config.log_every]
+        if self.config.stop_after_step > in_run:
+            due.append(self.config.stop_after_step - in_run)
+        for every in (self.config.checkpoint_every, self.config.eval_every):
+            if every:
+                due.append(every - in_run % every)
+        return min(due)
 
     def _loss_name(self, stage: Stage) -> str:
         return "train_loss" if len(self.stages) == 1 else f"train_{stage.name}_loss"
@@ -208,15 +252,47 @@ class Trainer:
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
-        return self.evaluator.evaluate(split)
+        results = self.evaluator.evaluate(split)
+        return {**results, **self.added_values("after_evaluation", split, results)}
+
+    def hook(self, name: str, *args: Any) -> Any:
+        """Call hooks.py's `name`; a mistake there is reported by its file and line.
+
+        A method that Hooks leaves out does nothing and adds nothing.
+        """
+        method = getattr(self.hooks, name, None)
+        if method is None:
+            return {}
+        try:
+            return method(*args)
+        except Exception as error:
+            raise user_code_error(error, f"in Hooks.{name}") from None
+
+    def added_values(self, name: str, *args: Any) -> dict[str, float]:
+        """The values a hook adds to a record (its last argument), checked to be new names."""
+        added = self.hook(name, self.run, *args)
+        if not isinstance(added, dict) or any(key in args[-1] for key in added):
+            clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
+            raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
+        return added
+
+    def save_hooks_state(self) -> None:
+        """Put hooks.py's state, as JSON, in the checkpoint about to be written."""
+        state = self.hook("state_dict")
+        try:
+            self.hooks_state.text = json.dumps(state)
+        except (TypeError, ValueError) as error:
+            raise StepError(f"hooks.py: state_dict must return JSON-serializable values ({error})") from None
 
     def resume(self) -> None:
         """Continue from the latest checkpoint in the run directory."""
         self.checkpointer.restore_latest(self.updates_per_epoch)
         check_resumable(self.config, self.saved_config.saved)
+        self.hook("load_state_dict", self.hooks_state.saved)
+        self.run.epoch, self.run.step = int(self.epoch.numpy()), int(self.step.numpy())
         if self.logger is not None:
             epoch, position = int(self.epoch.numpy()), int(self.position.numpy())
-            self.logger.keep_until(epoch)
+            self.logger.keep_until(epoch, int(self.step.numpy()))
             within = f" (update {position} of epoch {epoch + 1})" if position else ""
             print(f"resumed from epoch {epoch}, step {int(self.step.numpy())}{within}", flush=True)
 
@@ -238,6 +314,7 @@ class Trainer:
         if 0 < self.config.stop_after_epoch <= int(self.epoch.numpy()) or 0 < self.config.stop_after_step <= updates:
             self.stopped = f"after update {updates}"  # e.g. the launcher restarted the run after that checkpoint
             return None
+        self.hook("on_run_start", self.run)
         for epoch in range(int(self.epoch.numpy()), self.epochs):
             epoch_started = time.perf_counter()
             trained = self.train_epoch(epoch)
@@ -254,10 +331,20 @@ class Trainer:
             finite_or_raise(record, f"epoch {epoch + 1}")  # never checkpoint NaN weights or pick them as the best
             is_best = self.early_stopping.update(record[self.config.monitor], epoch + 1)
             self.epoch.assign(epoch + 1)
+            self.run.epoch = epoch + 1
+            # Before the checkpoint, which holds the hooks' state as this hook leaves it.
+            self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
+            self.save_hooks_state()
             self.checkpointer.save(epoch + 1, is_best)
             if self.runtime.agree(self.early_stopping.should_stop):
+                stopped_early = True
+                break
+            if self.runtime.any_worker(bool(self.run.stop_reason)):
+                self.run.stop_reason = self.run.stop_reason or "a hook asked, on another worker"
+                if self.logger is not None:
+                    print(f"stopping: {self.run.stop_reason}", flush=True)
                 stopped_early = True
                 break
             if self.terminate or epoch + 1 == self.config.stop_after_epoch:
@@ -286,6 +373,9 @@ class Trainer:
             **self.evaluate("test"),
             "train_samples_per_s": round(samples_per_second, 1),
         }
+        if self.run.stop_reason:
+            summary["stop_reason"] = self.run.stop_reason
+        self.hook("on_run_end", self.run, summary)
         if self.logger is not None:
             self.logger.close()
         return summary

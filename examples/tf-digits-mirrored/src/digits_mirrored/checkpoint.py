@@ -36,6 +36,24 @@ class ConfigState(tf.train.experimental.PythonState):
         self.saved = json.loads(string_value)
 
 
+class HooksState(tf.train.experimental.PythonState):
+    """What hooks.py's `state_dict` returned, as JSON, stored in every checkpoint.
+
+    The engine sets `text` before each save; a restore leaves the checkpoint's copy in `saved`
+    for hooks.py's `load_state_dict`.
+    """
+
+    def __init__(self) -> None:
+        self.text = "{}"
+        self.saved: dict[str, object] = {}
+
+    def serialize(self) -> str:
+        return self.text
+
+    def deserialize(self, string_value: bytes) -> None:
+        self.saved = json.loads(string_value)
+
+
 class Checkpointer:
     """Saves `epoch-N` after every epoch (the newest --keep-checkpoints), the best epoch in `best/`, and
     `steps/step-S` after update S part-way through an epoch (--checkpoint-every, --stop-after-step, SIGTERM)."""

@@ -68,6 +68,13 @@ class TrainConfig(Settings):
             "continues exactly from there. 0: at epoch ends only."
         },
     )
+    eval_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also validate every this many updates inside an epoch, logged to steps.jsonl; the best "
+            "checkpoint and early stopping still go by epoch ends. 0: at epoch ends only."
+        },
+    )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per replica."})
     shuffle_buffer: int = field(
         default=0, metadata={"help": "Training samples held for shuffling; 0 shuffles the whole train set."}
@@ -92,12 +99,14 @@ class TrainConfig(Settings):
         default="best", metadata={"help": "Which checkpoint the final test evaluates."}
     )
     keep_checkpoints: int = field(default=2, metadata={"help": "Epoch checkpoints kept besides the best."})
-    log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
+    log_every: int = field(
+        default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
+    )
     steps_per_call: int = field(
         default=10,
         metadata={
-            "help": "Optimizer updates per tf.function call: Python runs once per call, so small models train "
-            "faster; progress and loss checks happen at the first call end after each --log-every updates."
+            "help": "Optimizer updates per tf.function call, at most: Python runs once per call, so small models "
+            "train faster. A call also ends every --log-every updates, for progress and loss checks."
         },
     )
     nan_policy: Literal["stop", "skip"] = field(
@@ -138,6 +147,7 @@ class TrainConfig(Settings):
             "stop_after_epoch",
             "stop_after_step",
             "checkpoint_every",
+            "eval_every",
             "max_steps",
         ]
         for name in non_negative:

@@ -53,7 +53,7 @@ class StepError(DataError):
     """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
 
 
-USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py")
+USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py")
 
 
 def user_code_error(error: Exception, doing: str) -> Exception:

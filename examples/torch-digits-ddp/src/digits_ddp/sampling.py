@@ -29,7 +29,7 @@ from .config import TrainConfig
 from .errors import DataError, user_code_error
 
 
-class GlobalBatchSampler(Sampler[list[int]]):
+class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Yields this rank's micro-batches of indices, `grad_accum_steps` per optimizer update."""
 
     def __init__(
@@ -50,7 +50,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.samples_per_epoch = full * global_batch_size + (rest if rest >= self.splits else 0)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Reshuffle: each epoch uses its own permutation, the same on every rank; skip its first `start` global batches."""
+        """Reshuffle: each epoch has its own permutation, the same on every rank. A resumed epoch skips
+        its first `start` global batches."""
         self.epoch, self.start = epoch, start
 
     def global_batch_sizes(self) -> list[int]:
@@ -60,7 +61,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
             sizes.append(self.samples_per_epoch % self.global_batch_size)
         return sizes
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.dataset_size, generator=generator)[: self.samples_per_epoch]
         for global_batch in order.split(self.global_batch_size)[self.start :]:

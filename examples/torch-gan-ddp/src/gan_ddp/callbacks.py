@@ -1,4 +1,5 @@
-"""Early stopping, the NaN policy, metric logs and the progress bar. Managed by the looptpl template.
+"""Early stopping, the NaN policy, metric logs, the progress bar, and what hooks.py sees of a run.
+Managed by the looptpl template.
 
 Only rank 0 builds a `MetricLogger` or a `ProgressBar`. `EarlyStopping` and `NonFiniteGuard` run
 on every rank with the same all-reduced values, so every rank takes the same decision.
@@ -9,10 +10,43 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .config import TrainConfig
 from .errors import TrainingError
+
+
+@dataclass
+class Run:
+    """What a hook (hooks.py) sees of the run: read it, and call `request_stop` to end the run."""
+
+    config: TrainConfig
+    models: Any  # what model.py built: one module or the dict of them, wrapped for DDP/FSDP
+    optimizers: Any  # what optim.py built: one optimizer or the dict of them
+    rank: int
+    world_size: int
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer updates applied
+    stop_reason: str = ""  # set by request_stop
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the one that logs and writes files."""
+        return self.rank == 0
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the (first) optimizer's first parameter group, as the logs show it."""
+        optimizer = self.optimizers if not isinstance(self.optimizers, dict) else next(iter(self.optimizers.values()))
+        return float(optimizer.param_groups[0]["lr"])
+
+    def request_stop(self, reason: str) -> None:
+        """End the run: at this epoch's end from on_epoch_end, else at the next --log-every updates,
+        where the epoch ends early. Any rank may ask: every rank stops at the same update. The run
+        then tests and writes its summary, as after early stopping."""
+        self.stop_reason = self.stop_reason or reason
 
 
 class EarlyStopping:
@@ -79,27 +113,29 @@ class NonFiniteGuard:
 
 
 class MetricLogger:
-    """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the console."""
+    """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the
+    console, and one per --log-every updates to steps.jsonl (and TensorBoard, against the step)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.csv_path = run_dir / "metrics.csv"
+        self.steps_path = run_dir / "steps.jsonl"
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
 
-    def keep_until(self, epoch: int) -> None:
-        """On resume, drop records of epochs after the checkpoint, which will be trained again."""
-        records = self.records()
-        self.jsonl_path.unlink(missing_ok=True)
-        self.csv_path.unlink(missing_ok=True)
+    def keep_until(self, epoch: int, step: int) -> None:
+        """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again."""
+        records, steps = self.records(), _read_jsonl(self.steps_path)
+        for path in (self.jsonl_path, self.csv_path, self.steps_path):
+            path.unlink(missing_ok=True)
         for record in records:
             if record["epoch"] <= epoch:
                 self._append(record)
+        with self.steps_path.open("a") as jsonl:
+            jsonl.writelines(json.dumps(record) + "\n" for record in steps if record["step"] <= step)
 
     def records(self) -> list[dict[str, Any]]:
-        """Every record logged so far."""
-        if not self.jsonl_path.exists():
-            return []
-        return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line]
+        """Every epoch record logged so far."""
+        return _read_jsonl(self.jsonl_path)
 
     def log(self, record: dict[str, Any]) -> None:
         self._append(record)
@@ -109,6 +145,17 @@ class MetricLogger:
                     self.tensorboard.add_scalar(name, value, record["epoch"])
             self.tensorboard.flush()
         print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        """A record of the updates since the last one; printed when it holds a validation."""
+        with self.steps_path.open("a") as jsonl:
+            jsonl.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for name, value in record.items():
+                if name not in ("epoch", "step"):
+                    self.tensorboard.add_scalar(f"steps/{name}", value, record["step"])
+        if any(name.startswith("val_") for name in record):
+            print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
 
     def close(self) -> None:
         if self.tensorboard is not None:
@@ -123,6 +170,12 @@ class MetricLogger:
             if new_file:
                 writer.writeheader()
             writer.writerow(record)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def _tensorboard_writer(log_dir: Path) -> Any:

@@ -84,6 +84,13 @@ class TrainConfig(Settings):
             "continues exactly from there. 0: at epoch ends only."
         },
     )
+    eval_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also validate every this many updates inside an epoch, logged to steps.jsonl; the best "
+            "checkpoint and early stopping still go by epoch ends. 0: at epoch ends only."
+        },
+    )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per rank."})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes per rank."})
     device: Literal["auto", "cpu", "cuda"] = field(
@@ -104,7 +111,9 @@ class TrainConfig(Settings):
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Checkpoints kept besides the best (epoch ends and --checkpoint-every alike)."}
     )
-    log_every: int = field(default=10, metadata={"help": "Optimizer updates between progress updates and loss checks."})
+    log_every: int = field(
+        default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
+    )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
     dist_timeout_s: int = field(
         default=600, metadata={"help": "Seconds a collective may wait for the other ranks before failing."}
@@ -118,7 +127,7 @@ class TrainConfig(Settings):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
         non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "num_workers", "early_stop_patience"]
-        non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "max_steps"]
+        non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "max_steps"]
         for name in non_negative:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):

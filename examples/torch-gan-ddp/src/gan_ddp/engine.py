@@ -23,13 +23,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import distributed
-from .callbacks import EarlyStopping, MetricLogger, ProgressBar
+from .callbacks import EarlyStopping, MetricLogger, ProgressBar, Run
 from .checkpoint import Checkpointer
 from .collect import Mean, check_train_value
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .errors import StepError, TrainingError, user_code_error
 from .evaluation import evaluate_split, finite_or_raise
+from .hooks import Hooks
 from .optim import build_optimizer, build_scheduler
 from .sampling import build_loaders
 from .stages import Stage, build_stages, only_training, split_models
@@ -82,6 +83,13 @@ class Trainer:
         self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
         self.checkpointer.check_free_space(self.trained)
+        # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
+        models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
+        self.run = Run(config, models_view, optimizers, runtime.rank, runtime.world_size)
+        try:
+            self.hooks = Hooks(config)
+        except Exception as error:
+            raise user_code_error(error, "building Hooks") from None
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.autocast_dtype is None:
@@ -164,36 +172,34 @@ class Trainer:
         # A new shuffle every epoch, the same on every rank; a resumed epoch starts where it stopped.
         self.train_sampler.set_epoch(epoch, first)
         batches = iter(self.loaders.train)
+        self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end)
         zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
         running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}
         self.running = None
         epoch_totals, window, skipped = running["totals"].to(self.runtime.device), running["window"], running["skipped"]
         window = window.to(self.runtime.device)
-        self.samples_trained += sum(self.train_sampler.global_batch_sizes()[first:end])
+        done = first
         for update in range(first, end):
             micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
             totals, applied = self.train_update(micro_batches)
+            self.run.step = self.step
+            self.hook("after_update", self.run)
             skipped += not applied
             epoch_totals += totals
             window += totals
             done = update + 1
+            updates = epoch * self.updates_per_epoch + done
+            # The epoch end validates anyway (fit).
+            validate = self.config.eval_every > 0 and updates % self.config.eval_every == 0 and done != end
             stop = False
-            if done % self.config.log_every == 0 or done == end:
-                # One small all-reduce every --log-every updates: the global running loss, checked for
-                # NaN/inf on every rank alike so all ranks stop together.
-                global_window = distributed.all_reduce_sum(window.clone())
-                loss = (global_window[0, 0] / global_window[0, 1].clamp_min(1e-12)).item()
-                if not math.isfinite(loss):
-                    raise TrainingError(
-                        f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
-                        "data for NaN/inf, or use --precision fp32"
-                    )
-                self.progress.update(done, done * self.config.global_batch_size, loss)
+            if done % self.config.log_every == 0 or done == end or validate:
+                self.log_window(window, epoch, done, validate)
                 window.zero_()
                 # A SIGTERM may reach some ranks only: if any rank got one, every rank stops here.
                 stop = distributed.any_rank(self.terminate)
-            updates = epoch * self.updates_per_epoch + done
+                if distributed.any_rank(bool(self.run.stop_reason)):
+                    break  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
             if done == end:
                 break  # the epoch end checkpoints (fit)
             stop = stop or updates == self.config.stop_after_step
@@ -207,12 +213,39 @@ class Trainer:
                     return None
         self.progress.finish()
         self.position = 0
+        self.samples_trained += sum(self.train_sampler.global_batch_sizes()[first:done])
         result: dict[str, float] = {}
         for stage, (total, weight) in zip(self.stages, distributed.all_reduce_sum(epoch_totals).tolist(), strict=True):
             result[self._loss_name("train", stage)] = total / weight if weight else math.nan
         if self.stages[0].nan_guard.skips_updates:
             result["skipped_updates"] = skipped
         return result
+
+    def log_window(self, window: torch.Tensor, epoch: int, done: int, validate: bool) -> None:
+        """Check and log the training loss of the updates since the last call; validate if asked.
+
+        One small all-reduce every --log-every updates: the global running loss, checked for NaN/inf
+        on every rank alike so all ranks stop together.
+        """
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": self.step}
+        sums = distributed.all_reduce_sum(window.clone()).tolist()
+        for stage, (total, weight) in zip(self.stages, sums, strict=True):
+            loss = total / weight if weight else math.nan  # no weight: --nan-policy skip dropped every update
+            if weight and not math.isfinite(loss):
+                raise TrainingError(
+                    f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
+                    "data for NaN/inf, or use --precision fp32"
+                )
+            record[self._loss_name("train", stage)] = loss
+        first_loss = record[self._loss_name("train", self.stages[0])]
+        self.progress.update(done, done * self.config.global_batch_size, first_loss)
+        record["lr"] = self.stages[0].scheduler.get_last_lr()[0]
+        if validate:
+            record.update(self.evaluate("val"))
+            self.set_training(True)
+        record.update(self.added_values("on_log", record))
+        if self.logger is not None:
+            self.logger.log_step(record)
 
     def _loss_name(self, split: str, stage: Stage) -> str:
         return f"{split}_loss" if len(self.stages) == 1 else f"{split}_{stage.name}_loss"
@@ -221,7 +254,29 @@ class Trainer:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         self.set_training(False)
         loader = self.loaders.val if split == "val" else self.loaders.test
-        return evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
+        results = evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
+        return {**results, **self.added_values("after_evaluation", split, results)}
+
+    def hook(self, name: str, *args: Any) -> Any:
+        """Call hooks.py's `name`; a mistake there is reported by its file and line.
+
+        A method that Hooks leaves out does nothing and adds nothing.
+        """
+        method = getattr(self.hooks, name, None)
+        if method is None:
+            return {}
+        try:
+            return method(*args)
+        except Exception as error:
+            raise user_code_error(error, f"in Hooks.{name}") from None
+
+    def added_values(self, name: str, *args: Any) -> dict[str, float]:
+        """The values a hook adds to a record (its last argument), checked to be new names."""
+        added = self.hook(name, self.run, *args)
+        if not isinstance(added, dict) or any(key in args[-1] for key in added):
+            clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
+            raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
+        return added
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides weights and optimizers that a resumed run needs."""
@@ -233,6 +288,7 @@ class Trainer:
             "schedulers": {stage.name: stage.scheduler.state_dict() for stage in self.stages},
             "scalers": {stage.name: stage.scaler.state_dict() for stage in self.stages},
             "early_stopping": self.early_stopping.state_dict(),
+            "hooks": self.hook("state_dict"),
             "config": dataclasses.asdict(self.config),
         }
 
@@ -250,8 +306,10 @@ class Trainer:
             stage.scaler.load_state_dict(checkpoint["scalers"][stage.name])
             stage.nan_guard.consecutive = checkpoint.get("skips_in_a_row", {}).get(stage.name, 0)
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
+        self.hook("load_state_dict", checkpoint.get("hooks", {}))
+        self.run.epoch, self.run.step = self.epoch, self.step
         if self.logger is not None:
-            self.logger.keep_until(self.epoch)
+            self.logger.keep_until(self.epoch, self.step)
             within = f" (update {self.position} of epoch {self.epoch + 1})" if self.position else ""
             print(f"resumed from epoch {self.epoch}, step {self.step}{within}", flush=True)
 
@@ -278,6 +336,7 @@ class Trainer:
         if 0 < self.config.stop_after_epoch <= self.epoch or 0 < self.config.stop_after_step <= updates:
             self.stopped = f"after update {updates}"  # e.g. torchrun restarted the ranks after that checkpoint
             return None
+        self.hook("on_run_start", self.run)
         for epoch in range(self.epoch, self.epochs):
             epoch_started = time.perf_counter()
             trained = self.train_epoch(epoch)
@@ -295,12 +354,20 @@ class Trainer:
                 )
             # Every rank holds the same all-reduced metrics, so every rank computes the same result.
             is_best = self.early_stopping.update(record[self.config.monitor], epoch + 1)
-            self.epoch = epoch + 1
+            self.epoch = self.run.epoch = epoch + 1
+            # Before the checkpoint, which holds the hooks' state as this hook leaves it.
+            self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
             self.save_checkpoint(f"epoch-{self.epoch:04d}.pt", is_best=is_best)
             # Rank 0 decides and every rank follows, so all ranks leave the loop at the same epoch.
             if distributed.agree(self.early_stopping.should_stop):
+                stopped_early = True
+                break
+            if distributed.any_rank(bool(self.run.stop_reason)):
+                self.run.stop_reason = self.run.stop_reason or "a hook asked, on another rank"
+                if self.logger is not None:
+                    print(f"stopping: {self.run.stop_reason}", flush=True)
                 stopped_early = True
                 break
             updates = self.epoch * self.updates_per_epoch
@@ -328,6 +395,9 @@ class Trainer:
             **self.evaluate("test"),
             "train_samples_per_s": round(samples_per_second, 1),
         }
+        if self.run.stop_reason:
+            summary["stop_reason"] = self.run.stop_reason
+        self.hook("on_run_end", self.run, summary)
         if self.logger is not None:
             self.logger.close()
         return summary

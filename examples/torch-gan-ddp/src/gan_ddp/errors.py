@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 
 # The files of this package that hold your code: an error raised in them is reported by file and line.
-USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py")
+USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py", "hooks.py")
 
 
 # How a failed collective reads (an FSDP forward is one): train.py explains those, not as a mistake in your code.
