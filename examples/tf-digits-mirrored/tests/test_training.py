@@ -82,6 +82,8 @@ def test_config_rejects_out_of_range_values():
         TrainConfig(lr=-1.0).validate()
     with pytest.raises(ConfigError, match="--nan-policy skip does not combine with --precision fp16"):
         TrainConfig(nan_policy="skip", precision="fp16").validate()
+    with pytest.raises(ConfigError, match="--cpu-replicas 5000 is far more than this machine's"):
+        TrainConfig(cpu_replicas=5000).validate()
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(reference, tmp_path):

@@ -6,6 +6,7 @@ Managed by the looptpl template: put your own settings in settings.py.
 import argparse
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -164,6 +165,11 @@ class TrainConfig(Settings):
             raise ConfigError(f"--seed must be between 0 and 2147483647, got {self.seed}")
         if self.shuffle_buffer > 2**40:
             raise ConfigError(f"--shuffle-buffer must be at most the train set's size, got {self.shuffle_buffer}")
+        cpus = os.cpu_count() or 1
+        if self.cpu_replicas > 8 * cpus:  # logical devices for testing: thousands take minutes to set up
+            raise ConfigError(
+                f"--cpu-replicas {self.cpu_replicas} is far more than this machine's {cpus} CPUs; use at most {cpus}"
+            )
 
     def check_batch_split(self, replicas: int) -> int:
         """Return the per-replica micro-batch size, or explain why the global batch does not split."""
