@@ -342,7 +342,10 @@ def test_new_from_an_example_keeps_its_package_name_by_default_and_dry_runs(tmp_
 
 
 EXAMPLE_MISTAKES = {
-    "unknown example": (["--example", "mnist"], "--example mnist is not an example; choose one of: tf-digits-mirrored"),
+    "unknown example": (
+        ["--example", "mnist"],
+        "--example mnist is not an example; choose one of: tf-charlm-mirrored, tf-digits-mirrored",
+    ),
     "conflicting strategy": (
         ["--example", "torch-gan-ddp", "--strategy", "fsdp"],
         "--strategy fsdp conflicts with --example torch-gan-ddp, a torch/ddp project; drop --strategy",
