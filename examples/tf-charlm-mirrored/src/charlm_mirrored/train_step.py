@@ -5,6 +5,7 @@ TrainStep for --steps-per-call updates at a time; everything here runs inside on
 """
 
 import functools
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -53,9 +54,40 @@ class TrainStep:
         self.call = tf.function(self._updates)
         run_updates_in_a_loop(config.steps_per_call > 1)
 
+    def updates_in_next_call(self, updates: int, in_run: int, end: int) -> int:
+        """How many updates the next call runs, from update `updates` of the epoch (`in_run` of the run).
+
+        A call ends at the epoch's `end` and at every update that logs, checkpoints or validates, so
+        --steps-per-call and a resume change neither the logs nor the checkpoints.
+        """
+        config = self.config
+        due = [config.steps_per_call, end - updates, config.log_every - updates % config.log_every]
+        if config.stop_after_step > in_run:
+            due.append(config.stop_after_step - in_run)
+        for every in (config.checkpoint_every, config.eval_every):
+            if every:
+                due.append(every - in_run % every)
+        return min(due)
+
     def gave_up(self) -> Stage | None:
         """The stage that skipped more updates in a row than the NaN policy allows, if any."""
         return next((stage for stage in self.stages if int(stage.skips_in_a_row.numpy()) > self.allowed_skips), None)
+
+    def not_finite_message(self, stage: Stage, where: str) -> str:
+        """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
+        advice = "lower --lr, check your data for NaN/inf"
+        which = "" if len(self.stages) == 1 else f"the {stage.name} "
+        if self.config.nan_policy == "skip":
+            skips = self.config.max_consecutive_skips + 1
+            return (
+                f"{which or 'the '}loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights "
+                f"have diverged: {advice}, or use --precision fp32"
+            )
+        loss = float(stage.skipped_loss.numpy())
+        problem = f"{which}training loss is {loss}"
+        if math.isfinite(loss):  # the loss was fine, its gradients were not
+            problem = f"the {which}gradients are NaN/inf (training loss {loss:.4g})"
+        return f"{problem} at {where}; {advice}, or use --precision fp32"
 
     def _updates(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`count` updates, one per global batch taken from `batches`, in a loop inside the graph.

@@ -9,8 +9,6 @@ Managed by the looptpl template: put your own code in step.py, model.py, data.py
 metrics.py, optim.py, settings.py and hooks.py.
 """
 
-import json
-import math
 import signal
 import time
 from pathlib import Path
@@ -19,17 +17,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .callbacks import EarlyStopping, MetricLogger, ProgressBar, Run
+from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
 from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import StepError, TrainingError, user_code_error
+from .errors import TrainingError
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .model import build_model
 from .optim import build_optimizer, build_schedule
-from .sampling import distribute_eval, distribute_train, split_size
-from .stages import Stage, build_stages, split_models
+from .sampling import distribute_eval, distribute_train, epoch_size, global_batch_sizes, split_size
+from .stages import build_stages, mean_losses, split_models
 from .train_step import TrainStep
 
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -62,7 +60,8 @@ class Trainer:
             # Models without trainable weights (a distillation teacher) are only run: no optimizer,
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
-            self.updates_per_epoch, self.samples_per_epoch = self.epoch_size()
+            replicas = self.strategy.num_replicas_in_sync
+            self.updates_per_epoch, self.samples_per_epoch = epoch_size(self.train_size, config, replicas)
             self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             schedule = build_schedule(config, self.total_updates)
@@ -80,10 +79,6 @@ class Trainer:
             one = len(self.stages) == 1
             self.trained = self.stages[0].model if one else {stage.name: stage.model for stage in self.stages}
             optimizers = self.stages[0].optimizer if one else {stage.name: stage.optimizer for stage in self.stages}
-            try:
-                self.hooks = Hooks(config)
-            except Exception as error:
-                raise user_code_error(error, "building Hooks") from None
             self.hooks_state = HooksState()
             self.checkpointer = Checkpointer(
                 self.run_dir,
@@ -109,15 +104,9 @@ class Trainer:
         self.progress = ProgressBar(config.progress and runtime.is_chief)
         # hooks.py sees what model.py and optim.py built.
         self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_chief)
+        self.hook = HookCaller(Hooks, config, self.run)
         sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes)
-
-    def epoch_size(self) -> tuple[int, int]:
-        """Updates and samples trained per epoch: a short last batch is kept if every micro-batch gets a sample."""
-        full, rest = divmod(self.train_size, self.config.global_batch_size)
-        if rest < self.strategy.num_replicas_in_sync * self.config.grad_accum_steps:
-            return full, full * self.config.global_batch_size
-        return full + 1, self.train_size
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
@@ -139,7 +128,7 @@ class Trainer:
         updates, log_every = first, self.config.log_every
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
-            count = min(self.config.steps_per_call, end - updates, self._to_next_boundary(epoch, updates))
+            count = self.train_step.updates_in_next_call(updates, epoch * self.updates_per_epoch + updates, end)
             try:
                 totals, call_samples = self.train_step.call(batches, tf.constant(count))
             except tf.errors.OutOfRangeError:
@@ -161,7 +150,8 @@ class Trainer:
             if updates % log_every == 0 or updates == end or validate:
                 stage = self.train_step.gave_up()
                 if stage is not None:
-                    raise TrainingError(self._not_finite_message(epoch, stage))
+                    where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
+                    raise TrainingError(self.train_step.not_finite_message(stage, where))
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
                 stop = self.terminate
@@ -174,7 +164,7 @@ class Trainer:
             if stop or (self.config.checkpoint_every and in_run % self.config.checkpoint_every == 0):
                 self.position.assign(updates)
                 self.running.assign(tf.stack([epoch_totals, window]))
-                self.save_hooks_state()
+                self.hooks_state.text = self.hook.state_json()
                 self.checkpointer.save_within_epoch(in_run)
                 if stop:
                     self.progress.finish()
@@ -184,105 +174,34 @@ class Trainer:
         self.position.assign(0)
         self.running.assign(tf.zeros_like(self.running))  # an epoch-end checkpoint holds no running totals
         self.samples_trained += samples
-        expected = sum(self.batch_sizes()[first:end])
+        expected = sum(global_batch_sizes(self.samples_per_epoch, self.config.global_batch_size)[first:end])
         if samples != expected:
             raise TrainingError(
                 f"trained on {samples} samples this epoch, expected {expected}; data.py's make_batches "
                 "must keep every sample"
             )
-        result: dict[str, float] = {}
-        for stage, (total, kept, _, _) in zip(self.stages, epoch_totals.numpy(), strict=True):
-            result[self._loss_name(stage)] = total / kept if kept else math.nan
+        result = mean_losses(self.stages, epoch_totals.numpy())
         if self.config.nan_policy == "skip":
             result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
         return result
 
-    def batch_sizes(self) -> list[int]:
-        """Samples in each global batch of an epoch (the last one may be short)."""
-        full = [self.config.global_batch_size] * (self.samples_per_epoch // self.config.global_batch_size)
-        rest = self.samples_per_epoch % self.config.global_batch_size
-        return full + ([rest] if rest else [])
-
     def log_window(self, window: tf.Tensor, epoch: int, updates: int, samples: int, validate: bool) -> None:
         """Show and log the training loss of the updates since the last call; validate if asked."""
         record: dict[str, Any] = {"epoch": epoch + 1, "step": int(self.step.numpy())}
-        for stage, (total, kept, _, _) in zip(self.stages, window.numpy(), strict=True):
-            record[self._loss_name(stage)] = total / kept if kept else math.nan  # none kept: all skipped
-        self.progress.update(updates, samples, record[self._loss_name(self.stages[0])])
+        losses = mean_losses(self.stages, window.numpy())  # NaN where --nan-policy skip dropped every update
+        record.update(losses)
+        self.progress.update(updates, samples, next(iter(losses.values())))
         record["lr"] = float(self.stages[0].optimizer.learning_rate)
         if validate:
             record.update(self.evaluate("val"))
-        record.update(self.added_values("on_log", record))
+        record.update(self.hook.added("on_log", record))
         if self.logger is not None:
             self.logger.log_step(record)
-
-    def _to_next_boundary(self, epoch: int, updates: int) -> int:
-        """Updates from `updates` (this epoch's) to the next one that logs, checkpoints or validates.
-
-        Calls end at the same updates however long they may be, so --steps-per-call and a resume
-        change neither the logs nor the checkpoints.
-        """
-        in_run = epoch * self.updates_per_epoch + updates
-        due = [self.config.log_every - updates % self.config.log_every]
-        if self.config.stop_after_step > in_run:
-            due.append(self.config.stop_after_step - in_run)
-        for every in (self.config.checkpoint_every, self.config.eval_every):
-            if every:
-                due.append(every - in_run % every)
-        return min(due)
-
-    def _loss_name(self, stage: Stage) -> str:
-        return "train_loss" if len(self.stages) == 1 else f"train_{stage.name}_loss"
-
-    def _not_finite_message(self, epoch: int, stage: Stage) -> str:
-        """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
-        where, advice = f"epoch {epoch + 1}, step {int(self.step.numpy())}", "lower --lr, check your data for NaN/inf"
-        which = "" if len(self.stages) == 1 else f"the {stage.name} "
-        if self.config.nan_policy == "skip":
-            skips = self.config.max_consecutive_skips + 1
-            return (
-                f"{which or 'the '}loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights "
-                f"have diverged: {advice}, or use --precision fp32"
-            )
-        loss = float(stage.skipped_loss.numpy())
-        problem = f"{which}training loss is {loss}"
-        if math.isfinite(loss):  # the loss was fine, its gradients were not
-            problem = f"the {which}gradients are NaN/inf (training loss {loss:.4g})"
-        return f"{problem} at {where}; {advice}, or use --precision fp32"
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         results = self.evaluator.evaluate(split)
-        return {**results, **self.added_values("after_evaluation", split, results)}
-
-    def hook(self, name: str, *args: Any) -> Any:
-        """Call hooks.py's `name`; a mistake there is reported by its file and line.
-
-        A method that Hooks leaves out does nothing and adds nothing.
-        """
-        method = getattr(self.hooks, name, None)
-        if method is None:
-            return {}
-        try:
-            return method(*args)
-        except Exception as error:
-            raise user_code_error(error, f"in Hooks.{name}") from None
-
-    def added_values(self, name: str, *args: Any) -> dict[str, float]:
-        """The values a hook adds to a record (its last argument), checked to be new names."""
-        added = self.hook(name, self.run, *args)
-        if not isinstance(added, dict) or any(key in args[-1] for key in added):
-            clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
-            raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
-        return added
-
-    def save_hooks_state(self) -> None:
-        """Put hooks.py's state, as JSON, in the checkpoint about to be written."""
-        state = self.hook("state_dict")
-        try:
-            self.hooks_state.text = json.dumps(state)
-        except (TypeError, ValueError) as error:
-            raise StepError(f"hooks.py: state_dict must return JSON-serializable values ({error})") from None
+        return {**results, **self.hook.added("after_evaluation", split, results)}
 
     def resume(self) -> None:
         """Continue from the latest checkpoint in the run directory."""
@@ -336,7 +255,7 @@ class Trainer:
             self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
-            self.save_hooks_state()
+            self.hooks_state.text = self.hook.state_json()
             self.checkpointer.save(epoch + 1, is_best)
             if self.runtime.agree(self.early_stopping.should_stop):
                 stopped_early = True

@@ -40,6 +40,20 @@ def split_size(dataset: tf.data.Dataset, split: str) -> int:
     return size
 
 
+def epoch_size(train_size: int, config: TrainConfig, replicas: int) -> tuple[int, int]:
+    """Updates and samples trained per epoch: a short last batch is kept if every micro-batch gets a sample."""
+    full, rest = divmod(train_size, config.global_batch_size)
+    if rest < replicas * config.grad_accum_steps:
+        return full, full * config.global_batch_size
+    return full + 1, train_size
+
+
+def global_batch_sizes(samples: int, global_batch_size: int) -> list[int]:
+    """Samples in each global batch of an epoch of `samples` (the last one may be short)."""
+    full, rest = divmod(samples, global_batch_size)
+    return [global_batch_size] * full + ([rest] if rest else [])
+
+
 def batches(dataset: tf.data.Dataset, batch_size: int, split: str) -> tf.data.Dataset:
     """data.py's `make_batches`, checked to keep every sample: ceil(samples / batch_size) batches."""
     batched = make_batches(dataset, batch_size)

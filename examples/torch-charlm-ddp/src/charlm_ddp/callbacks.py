@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .config import TrainConfig
-from .errors import TrainingError
+from .errors import StepError, TrainingError, user_code_error
 
 
 @dataclass
@@ -47,6 +47,35 @@ class Run:
         where the epoch ends early. Any rank may ask: every rank stops at the same update. The run
         then tests and writes its summary, as after early stopping."""
         self.stop_reason = self.stop_reason or reason
+
+
+class HookCaller:
+    """Calls the methods of hooks.py's `Hooks`: a mistake there is one line naming its file and line,
+    and a method that Hooks leaves out does nothing and adds nothing."""
+
+    def __init__(self, hooks_class: type, config: TrainConfig, run: Run) -> None:
+        self.run = run
+        try:
+            self.hooks = hooks_class(config)
+        except Exception as error:
+            raise user_code_error(error, "building Hooks") from None
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        method = getattr(self.hooks, name, None)
+        if method is None:
+            return {}
+        try:
+            return method(*args)
+        except Exception as error:
+            raise user_code_error(error, f"in Hooks.{name}") from None
+
+    def added(self, name: str, *args: Any) -> dict[str, float]:
+        """The values hook `name` adds to a record (its last argument), checked to be new names."""
+        added = self(name, self.run, *args)
+        if not isinstance(added, dict) or any(key in args[-1] for key in added):
+            clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
+            raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
+        return added
 
 
 class EarlyStopping:

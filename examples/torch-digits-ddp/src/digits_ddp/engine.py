@@ -9,12 +9,10 @@ Managed by the looptpl template: put your own code in step.py, model.py, data.py
 metrics.py, optim.py and settings.py.
 """
 
-import contextlib
 import dataclasses
 import math
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +21,17 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import distributed
-from .callbacks import EarlyStopping, MetricLogger, ProgressBar, Run
+from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
 from .checkpoint import Checkpointer
-from .collect import Mean, check_train_value
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import StepError, TrainingError, user_code_error
+from .errors import TrainingError
 from .evaluation import evaluate_split, finite_or_raise
 from .hooks import Hooks
 from .optim import build_optimizer, build_scheduler
 from .sampling import build_loaders
-from .stages import Stage, build_stages, only_training, split_models
-from .step import train_step
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from .stages import build_stages, load_stages_state, mean_losses, split_models, stages_state
+from .train_step import TrainStep, make_autocast
 
 
 class Trainer:
@@ -69,7 +64,8 @@ class Trainer:
         self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
         # What the checkpoints hold: the trained weights, without the frozen models.
         self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
-        self.autocast_dtype = AUTOCAST_DTYPES.get(config.precision)
+        self.autocast = make_autocast(config.precision, runtime.device)
+        self.train_step = TrainStep(config, runtime, self.models, self.stages, self.autocast)
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
@@ -86,80 +82,12 @@ class Trainer:
         # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
         models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
         self.run = Run(config, models_view, optimizers, runtime.rank, runtime.world_size)
-        try:
-            self.hooks = Hooks(config)
-        except Exception as error:
-            raise user_code_error(error, "building Hooks") from None
-
-    def autocast(self) -> contextlib.AbstractContextManager[None]:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, dtype=self.autocast_dtype)
+        self.hook = HookCaller(Hooks, config, self.run)
 
     def set_training(self, training: bool) -> None:
         """Train or eval mode for the trained models; frozen ones always evaluate."""
         for model in self.wrapped.values():
             model.train(training and not self.config.train_in_eval_mode)
-
-    def train_update(self, micro_batches: list[Any]) -> tuple[torch.Tensor, bool]:
-        """One optimizer update per stage from this rank's micro-batches.
-
-        Returns this rank's [loss total, weight] per stage, and whether any stage applied its update.
-
-        The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i), over
-        every rank and micro-step. The weight sum is only known once every micro-step has run, so each
-        backward uses a fixed multiplier c = W / --global-batch-size instead (with one loss per
-        sample that is already the right scale), and DDP/FSDP then average the W ranks' gradients:
-        (c / W) * sum_i grad(w_i l_i). One multiplication by --global-batch-size / sum_i(w_i),
-        all-reduced on the device (no host synchronization), gives the exact mean: for a short last
-        batch, padded tokens or masks alike. With one loss per sample and a full batch it is exactly 1.
-        """
-        multiplier = self.runtime.world_size / self.config.global_batch_size
-        # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
-        # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
-        steps = [self._losses(batch) for batch in micro_batches]
-        totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
-        applied = False
-        for index, stage in enumerate(self.stages):
-            with only_training(stage, self.stages) if len(self.stages) > 1 else contextlib.nullcontext():
-                for micro_step, losses in enumerate(steps):
-                    # Gradients are synchronized across ranks only on an update's last micro-step.
-                    with stage.gradient_sync(enabled=micro_step == len(steps) - 1):
-                        with self.autocast():
-                            loss = self._next_loss(losses, stage)
-                        stage.scaler.scale(loss.total * multiplier).backward()
-                    totals[index] += torch.stack([loss.total.detach(), loss.weight]).double()
-            weight = distributed.all_reduce_sum(totals[index, 1].clone())
-            factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
-            if stage.step(factor, self.config.max_grad_norm, f"epoch {self.epoch + 1}, step {self.step}"):
-                applied = True
-            else:  # --nan-policy skip dropped it: its loss is left out of train_loss
-                totals[index] = 0.0
-        for losses in steps:
-            if next(losses, None) is not None:
-                raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
-        self.step += applied
-        return totals, applied
-
-    def _losses(self, batch: Any) -> Iterator[tuple[str, Mean]]:
-        """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
-        result = train_step(self.models, batch, self.config)
-        if isinstance(result, Iterator):
-            yield from result
-        else:
-            yield self.stages[0].name, result
-
-    def _next_loss(self, losses: Iterator[tuple[str, Mean]], stage: Stage) -> Mean:
-        try:
-            given = next(losses)
-        except StopIteration:
-            raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
-        except Exception as error:
-            raise user_code_error(error, "in train_step") from None
-        if not (isinstance(given, tuple) and len(given) == 2) or (len(self.stages) > 1 and given[0] != stage.name):
-            names = [stage.name for stage in self.stages]
-            raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
-        return check_train_value(given[1], stage.name)
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage.
@@ -175,14 +103,14 @@ class Trainer:
         self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end)
         zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
-        running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}
-        self.running = None
-        epoch_totals, window, skipped = running["totals"].to(self.runtime.device), running["window"], running["skipped"]
-        window = window.to(self.runtime.device)
+        running, self.running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}, None
+        epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
+        skipped = running["skipped"]
         done = first
         for update in range(first, end):
             micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
-            totals, applied = self.train_update(micro_batches)
+            totals, applied = self.train_step(micro_batches, f"epoch {epoch + 1}, step {self.step}")
+            self.step += applied
             self.run.step = self.step
             self.hook("after_update", self.run)
             skipped += not applied
@@ -214,9 +142,7 @@ class Trainer:
         self.progress.finish()
         self.position = 0
         self.samples_trained += sum(self.train_sampler.global_batch_sizes()[first:done])
-        result: dict[str, float] = {}
-        for stage, (total, weight) in zip(self.stages, distributed.all_reduce_sum(epoch_totals).tolist(), strict=True):
-            result[self._loss_name("train", stage)] = total / weight if weight else math.nan
+        result = mean_losses("train", self.stages, distributed.all_reduce_sum(epoch_totals).tolist())
         if self.stages[0].nan_guard.skips_updates:
             result["skipped_updates"] = skipped
         return result
@@ -229,54 +155,29 @@ class Trainer:
         """
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.step}
         sums = distributed.all_reduce_sum(window.clone()).tolist()
-        for stage, (total, weight) in zip(self.stages, sums, strict=True):
-            loss = total / weight if weight else math.nan  # no weight: --nan-policy skip dropped every update
+        losses = mean_losses("train", self.stages, sums)  # NaN where --nan-policy skip dropped every update
+        for loss, (_, weight) in zip(losses.values(), sums, strict=True):
             if weight and not math.isfinite(loss):
                 raise TrainingError(
                     f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
                     "data for NaN/inf, or use --precision fp32"
                 )
-            record[self._loss_name("train", stage)] = loss
-        first_loss = record[self._loss_name("train", self.stages[0])]
-        self.progress.update(done, done * self.config.global_batch_size, first_loss)
+        record.update(losses)
+        self.progress.update(done, done * self.config.global_batch_size, next(iter(losses.values())))
         record["lr"] = self.stages[0].scheduler.get_last_lr()[0]
         if validate:
             record.update(self.evaluate("val"))
             self.set_training(True)
-        record.update(self.added_values("on_log", record))
+        record.update(self.hook.added("on_log", record))
         if self.logger is not None:
             self.logger.log_step(record)
-
-    def _loss_name(self, split: str, stage: Stage) -> str:
-        return f"{split}_loss" if len(self.stages) == 1 else f"{split}_{stage.name}_loss"
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         self.set_training(False)
         loader = self.loaders.val if split == "val" else self.loaders.test
         results = evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
-        return {**results, **self.added_values("after_evaluation", split, results)}
-
-    def hook(self, name: str, *args: Any) -> Any:
-        """Call hooks.py's `name`; a mistake there is reported by its file and line.
-
-        A method that Hooks leaves out does nothing and adds nothing.
-        """
-        method = getattr(self.hooks, name, None)
-        if method is None:
-            return {}
-        try:
-            return method(*args)
-        except Exception as error:
-            raise user_code_error(error, f"in Hooks.{name}") from None
-
-    def added_values(self, name: str, *args: Any) -> dict[str, float]:
-        """The values a hook adds to a record (its last argument), checked to be new names."""
-        added = self.hook(name, self.run, *args)
-        if not isinstance(added, dict) or any(key in args[-1] for key in added):
-            clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
-            raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
-        return added
+        return {**results, **self.hook.added("after_evaluation", split, results)}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides weights and optimizers that a resumed run needs."""
@@ -284,9 +185,7 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "position": self.position,
-            "skips_in_a_row": {stage.name: stage.nan_guard.consecutive for stage in self.stages},
-            "schedulers": {stage.name: stage.scheduler.state_dict() for stage in self.stages},
-            "scalers": {stage.name: stage.scaler.state_dict() for stage in self.stages},
+            **stages_state(self.stages),
             "early_stopping": self.early_stopping.state_dict(),
             "hooks": self.hook("state_dict"),
             "config": dataclasses.asdict(self.config),
@@ -301,10 +200,7 @@ class Trainer:
         self.position = checkpoint.get("position", 0)  # written part-way through epoch + 1
         if self.position:
             self.running = self.checkpointer.running_totals(checkpoint)
-        for stage in self.stages:
-            stage.scheduler.load_state_dict(checkpoint["schedulers"][stage.name])
-            stage.scaler.load_state_dict(checkpoint["scalers"][stage.name])
-            stage.nan_guard.consecutive = checkpoint.get("skips_in_a_row", {}).get(stage.name, 0)
+        load_stages_state(self.stages, checkpoint)
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
         self.hook("load_state_dict", checkpoint.get("hooks", {}))
         self.run.epoch, self.run.step = self.epoch, self.step

@@ -13,6 +13,7 @@ import math
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ class Stage:
         """Rescale, clip and apply the accumulated gradients; False if --nan-policy skip dropped the update.
 
         `factor` turns the gradients that backward left into those of the exact global mean
-        (engine.py, `train_update`). It is a tensor on the device: no host synchronization.
+        (train_step.py). It is a tensor on the device: no host synchronization.
         """
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
         grads = [param.grad for param in self.params if param.grad is not None]
@@ -130,3 +131,31 @@ def build_stages(
                 "freeze them with requires_grad_(False)"
             )
     return stages
+
+
+def loss_name(split: str, stage: Stage, stages: list[Stage]) -> str:
+    """`train_loss` with one optimizer, `train_<name>_loss` for each of several."""
+    return f"{split}_loss" if len(stages) == 1 else f"{split}_{stage.name}_loss"
+
+
+def mean_losses(split: str, stages: list[Stage], sums: list[list[float]]) -> dict[str, float]:
+    """Each stage's mean loss from its summed [total, weight], under its log name; NaN where nothing counted."""
+    means = [total / weight if weight else math.nan for total, weight in sums]
+    return {loss_name(split, stage, stages): mean for stage, mean in zip(stages, means, strict=True)}
+
+
+def stages_state(stages: list[Stage]) -> dict[str, Any]:
+    """What a checkpoint holds of the stages besides the optimizers: schedules, fp16 scalers, NaN counters."""
+    return {
+        "skips_in_a_row": {stage.name: stage.nan_guard.consecutive for stage in stages},
+        "schedulers": {stage.name: stage.scheduler.state_dict() for stage in stages},
+        "scalers": {stage.name: stage.scaler.state_dict() for stage in stages},
+    }
+
+
+def load_stages_state(stages: list[Stage], state: dict[str, Any]) -> None:
+    """Restore what `stages_state` saved."""
+    for stage in stages:
+        stage.scheduler.load_state_dict(state["schedulers"][stage.name])
+        stage.scaler.load_state_dict(state["scalers"][stage.name])
+        stage.nan_guard.consecutive = state.get("skips_in_a_row", {}).get(stage.name, 0)

@@ -7,7 +7,9 @@ and nothing else to know. With several (a GAN's discriminator, then its generato
 yields one loss per stage, and each stage takes the gradients of its own model's weights only.
 """
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -76,3 +78,13 @@ def build_stages(optimizers: object, trained: dict[str, keras.Model], loss_scali
         optimizer.build(trained[name].trainable_variables)  # its state must exist before a restore
         stages.append(Stage(name, optimizer, trained[name]))
     return stages
+
+
+def mean_losses(stages: list[Stage], totals: Any) -> dict[str, float]:
+    """Each stage's mean training loss from its totals row (loss total, weight kept, ...), under its log
+    name: `train_loss`, or `train_<name>_loss` with several; NaN where nothing was kept."""
+    means = {}
+    for stage, (total, kept, *_) in zip(stages, totals, strict=True):
+        name = "train_loss" if len(stages) == 1 else f"train_{stage.name}_loss"
+        means[name] = total / kept if kept else math.nan
+    return means

@@ -1,0 +1,56 @@
+"""hooks.py: its methods run in order, add values, keep their state over a resume, stop the run."""
+
+from conftest import (
+    edited_sources,
+    hook_calls,
+    metrics,
+    run_training,
+    sources_with_recording_hooks,
+    step_records,
+    summary,
+)
+
+
+def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(tmp_path):
+    sources = sources_with_recording_hooks(tmp_path)
+    flags = ("--epochs", "2", "--log-every", "5", "--checkpoint-every", "5")
+    run_training(tmp_path / "straight", *flags, sources=sources)
+    expected = [["run_start", 0, 0]]
+    for epoch in (1, 2):  # 16 updates each
+        expected.append(["epoch_start", epoch])
+        for done in range(1, 17):
+            expected.append(["update", (epoch - 1) * 16 + done])
+            if done % 5 == 0 or done == 16:
+                expected.append(["log", (epoch - 1) * 16 + done])
+        expected += [["evaluation", "val"], ["epoch_end", epoch]]
+    assert hook_calls(tmp_path / "straight") == [*expected, ["evaluation", "test"], ["run_end", 32]]
+    for record in metrics(tmp_path / "straight"):
+        assert record["val_loss_doubled"] == 2 * record["val_loss"]
+    assert summary(tmp_path / "straight")["test_loss_doubled"] == 2 * summary(tmp_path / "straight")["test_loss"]
+    steps = step_records(tmp_path / "straight")
+    assert [record["updates_counted"] for record in steps] == [record["step"] for record in steps]
+    # Stopped part-way through epoch 2 and resumed: the hooks' count continues from the checkpoint.
+    run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", sources=sources)
+    run_training(tmp_path / "resumed", *flags, "--resume", sources=sources)
+    assert step_records(tmp_path / "resumed") == steps
+
+
+def test_a_hook_ends_the_run_at_the_next_log_boundary(tmp_path):
+    # Asked at update 7, with --log-every 4: epoch 1 ends after update 8, is validated and
+    # checkpointed, and the run tests its best checkpoint as after early stopping.
+    sources = sources_with_recording_hooks(tmp_path, stop_at=7)
+    run_training(tmp_path / "run", "--epochs", "3", "--log-every", "4", sources=sources)
+    assert [(record["epoch"], record["step"]) for record in metrics(tmp_path / "run")] == [(1, 8)]
+    result = summary(tmp_path / "run")
+    assert (result["steps"], result["stopped_early"], result["stop_reason"]) == (8, True, "step 7 reached")
+    assert hook_calls(tmp_path / "run")[-1] == ["run_end", 8]
+
+
+def test_a_mistake_in_a_hook_is_one_line(tmp_path):
+    # after_evaluation returns a value under a name the results already hold.
+    last_return = "        return {}\n\n    def on_epoch_end"
+    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", "{'val_loss': 0.0}"))
+    result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
+    assert result.returncode == 1
+    assert "hooks.py: after_evaluation must return a dict of new names, got ['val_loss']" in result.stdout
+    assert "Traceback" not in result.stdout
