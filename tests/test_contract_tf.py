@@ -142,10 +142,13 @@ def test_gan_with_a_loss_summed_per_micro_batch_fails_the_same_check(gan, tmp_pa
     assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) > 10 * TOLERANCE
 
 
-def test_gan_resume_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+    # 20 updates an epoch: stopped after update 27, part-way through epoch 2, with both networks'
+    # optimizers and running losses in the checkpoint.
     train_tf(gan, tmp_path / "straight", *GAN_RUN)
-    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-epoch", "1")  # of 2
-    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
+    resumed = train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed
     assert relative_difference(tf_weights(tmp_path / "straight"), tf_weights(tmp_path / "resumed")) == 0
     timeless = [{**record, "epoch_time_s": 0} for record in records(tmp_path / "straight")]
     assert [{**record, "epoch_time_s": 0} for record in records(tmp_path / "resumed")] == timeless
