@@ -1,5 +1,7 @@
-"""Early stopping, metric logs, the progress bar, and what hooks.py sees of a run. Managed by the
-looptpl template: edit metrics.py and hooks.py instead."""
+"""Early stopping, metric logs, the progress bar, and what hooks.py sees of a run.
+
+Managed by the looptpl template: edit metrics.py and hooks.py instead.
+"""
 
 import csv
 import importlib.util
