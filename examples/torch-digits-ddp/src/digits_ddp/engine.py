@@ -124,9 +124,9 @@ class Trainer:
             if done % self.config.log_every == 0 or done == end or validate:
                 self.log_window(window, epoch, done, validate)
                 window.zero_()
-                # A SIGTERM may reach some ranks only: if any rank got one, every rank stops here.
-                stop = distributed.any_rank(self.terminate)
-                if distributed.any_rank(bool(self.run.stop_reason)):
+                # A SIGTERM or a hook's stop may reach some ranks only: if any rank got one, every rank stops here.
+                stop, finish = distributed.any_rank(self.terminate, bool(self.run.stop_reason))
+                if finish:
                     break  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
             if done == end:
                 break  # the epoch end checkpoints (fit)
@@ -260,14 +260,15 @@ class Trainer:
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
                 break
-            if distributed.any_rank(bool(self.run.stop_reason)):
+            finish, terminate = distributed.any_rank(bool(self.run.stop_reason), self.terminate)
+            if finish:
                 self.run.stop_reason = self.run.stop_reason or "a hook asked, on another rank"
                 if self.logger is not None:
                     print(f"stopping: {self.run.stop_reason}", flush=True)
                 stopped_early = True
                 break
             updates = self.epoch * self.updates_per_epoch
-            if distributed.any_rank(self.terminate) or self.epoch == self.config.stop_after_epoch:
+            if terminate or self.epoch == self.config.stop_after_epoch:
                 self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {self.epoch}"
                 return None
             if updates == self.config.stop_after_step:

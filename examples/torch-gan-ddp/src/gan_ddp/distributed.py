@@ -143,11 +143,12 @@ def agree(decision: bool) -> bool:
     return bool(flag.item())
 
 
-def any_rank(decision: bool) -> bool:
-    """Whether any rank decided so (a signal one rank received, say), known to every rank alike."""
-    flag = torch.tensor([float(decision)], device=_collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+def any_rank(*decisions: bool) -> list[bool]:
+    """For each decision, whether any rank took it (a signal one rank received, say), known to every
+    rank alike: one all-reduce for all of them."""
+    flags = torch.tensor([float(decision) for decision in decisions], device=_collective_device())
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [bool(flag) for flag in flags.tolist()]
 
 
 def is_finite(value: torch.Tensor) -> bool:
