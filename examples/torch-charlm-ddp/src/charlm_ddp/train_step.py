@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from . import distributed
 from .collect import Mean, check_train_value
@@ -28,6 +29,11 @@ def make_autocast(precision: str, device: torch.device) -> Callable[[], contextl
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
+def compile_model(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """The model compiled for --compile (in --compile-mode), or as it is."""
+    return torch.compile(model, mode=config.compile_mode) if config.compile else model  # type: ignore[return-value]
+
+
 class TrainStep:
     """Runs step.py's `train_step` on the micro-batches of an update and applies each stage's update."""
 
@@ -44,6 +50,7 @@ class TrainStep:
         self.models = models  # what step.py receives: one module, or the dict of them
         self.stages = stages
         self.autocast = autocast
+        self.per = "sample"  # what one unit of the first optimizer's loss weight is (Mean's `per`)
 
     def __call__(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
         """One optimizer update per stage from this rank's micro-batches; `where` names it in messages.
@@ -72,7 +79,9 @@ class TrainStep:
                         with self.autocast():
                             loss = self._next_loss(losses, stage)
                         stage.scaler.scale(loss.total * multiplier).backward()
-                    totals[index] += torch.stack([loss.total.detach(), loss.weight]).double()
+                    self.per = loss.per if index == 0 else self.per
+                    totals[index, 0] += loss.total.detach()
+                    totals[index, 1] += loss.weight
             weight = distributed.all_reduce_sum(totals[index, 1].clone())
             factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
             if stage.step(factor, self.config.max_grad_norm, where):

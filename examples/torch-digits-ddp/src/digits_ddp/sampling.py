@@ -4,7 +4,8 @@ Training: every epoch one seeded permutation, identical on all ranks, is cut int
 each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
 its own. The union over ranks and micro-steps is exactly the global batch that a single process
 would see, so N ranks train like 1 rank with the same global batch. A run resumed part-way through
-an epoch starts at the global batch where it stopped.
+an epoch starts at the global batch where it stopped. The permutation (shuffle.py) is computed a
+few thousand positions at a time, so a train set of 10^8 samples starts as quickly as a small one.
 
 Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
 sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
@@ -16,6 +17,7 @@ forward is a collective); its values are dropped, so every sample counts exactly
 """
 
 import functools
+import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +29,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from . import data
 from .config import TrainConfig
 from .errors import DataError, user_code_error
+from .shuffle import Shuffle
+
+try:  # data.py may draw from NumPy's global generator: it is seeded per sample too
+    import numpy
+except ImportError:
+    numpy = None  # type: ignore[assignment]
 
 
 class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -54,22 +62,22 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         its first `start` global batches."""
         self.epoch, self.start = epoch, start
 
-    def global_batch_sizes(self) -> list[int]:
-        """Samples in each global batch of an epoch (the last one may be short)."""
-        sizes = [self.global_batch_size] * (self.samples_per_epoch // self.global_batch_size)
-        if self.samples_per_epoch % self.global_batch_size:
-            sizes.append(self.samples_per_epoch % self.global_batch_size)
-        return sizes
+    def samples_between(self, first: int, end: int) -> int:
+        """Samples in the global batches `first` to `end - 1` of an epoch (only the last one may be short)."""
+        return min(end * self.global_batch_size, self.samples_per_epoch) - first * self.global_batch_size
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.dataset_size, generator=generator)[: self.samples_per_epoch]
-        for global_batch in order.split(self.global_batch_size)[self.start :]:
-            # tensor_split gives near-equal parts, so a short last batch is spread evenly.
-            parts = global_batch.tensor_split(self.splits)
-            for micro_step in range(self.grad_accum_steps):
-                # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
-                yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
+        shuffle = Shuffle(self.dataset_size, self.seed, self.epoch)
+        size = self.global_batch_size
+        per_chunk = max(1, Shuffle.CHUNK // size)  # global batches whose indices are computed together
+        for first in range(self.start, self.updates_per_epoch, per_chunk):
+            positions = torch.arange(first * size, min((first + per_chunk) * size, self.samples_per_epoch))
+            for global_batch in shuffle(positions).split(size):
+                # tensor_split gives near-equal parts, so a short last batch is spread evenly.
+                parts = global_batch.tensor_split(self.splits)
+                for micro_step in range(self.grad_accum_steps):
+                    # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
+                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
 
     def __len__(self) -> int:
         return (self.updates_per_epoch - self.start) * self.grad_accum_steps
@@ -80,7 +88,9 @@ class SeededSamples(Dataset):
 
     A DataLoader worker's generators would otherwise depend on which worker loads a sample and on
     what it loaded before: a resumed run, or another --num-workers, would augment differently.
-    The caller's generators are left as they were (with no workers, those drive dropout).
+    The caller's generators are restored after each batch (with no workers, torch's drives
+    dropout on the CPU). Only CPU generators are seeded: data.py runs on the CPU, and a GPU's
+    generator, which drives dropout there, is left alone.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
@@ -91,36 +101,28 @@ class SeededSamples(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """The samples of a batch (the DataLoader asks for a whole batch at once)."""
+        torch_state, python_state = torch.get_rng_state(), random.getstate()
+        numpy_state = numpy.random.get_state() if numpy else None
+        try:
+            return [self._load(epoch, index) for epoch, index in keys]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(python_state)
+            if numpy_state is not None:
+                numpy.random.set_state(numpy_state)
+
+    def _load(self, epoch: int, index: int) -> Any:
         seed = (self.seed * 1_000_003 + epoch) * 2**32 + index
-        python_state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed % 2**63)
-            random.seed(seed)
-            numpy_state = _seed_numpy(seed % 2**32)
-            try:
-                return self.dataset[index]
-            finally:
-                random.setstate(python_state)
-                _restore_numpy(numpy_state)
-
-
-def _seed_numpy(seed: int) -> Any:
-    """Seed numpy's global generator, returning its previous state (None without numpy)."""
-    try:
-        import numpy
-    except ImportError:
-        return None
-    state = numpy.random.get_state()
-    numpy.random.seed(seed)
-    return state
-
-
-def _restore_numpy(state: Any) -> None:
-    if state is not None:
-        import numpy
-
-        numpy.random.set_state(state)
+        # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower.
+        torch.default_generator.manual_seed(seed % 2**63)
+        random.seed(seed)
+        if numpy:
+            numpy.random.seed(seed % 2**32)
+        return self.dataset[index]
 
 
 class EvalBatchSampler(Sampler[list[int]]):
@@ -132,18 +134,20 @@ class EvalBatchSampler(Sampler[list[int]]):
 
     def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:
         self.dataset_size = dataset_size
-        indices = list(range(rank, dataset_size, world_size))
-        self.real_size = len(indices)
-        self.batches = [indices[start : start + batch_size] for start in range(0, len(indices), batch_size)]
-        self.real_batches = len(self.batches)
-        longest_shard = -(-dataset_size // world_size)
-        self.batches += [[0]] * (-(-longest_shard // batch_size) - self.real_batches)
+        self.batch_size = batch_size
+        self.shard = range(rank, dataset_size, world_size)  # a range: no list of a large split is built
+        self.real_size = len(self.shard)
+        self.real_batches = -(-self.real_size // batch_size)
+        self.batches = -(-len(range(0, dataset_size, world_size)) // batch_size)  # the longest shard's
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
+        for start in range(0, self.real_size, self.batch_size):
+            yield list(self.shard[start : start + self.batch_size])
+        for _ in range(self.batches - self.real_batches):
+            yield [0]
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return self.batches
 
 
 @dataclass
@@ -194,12 +198,13 @@ def build_loaders(
             f"data.py: the train set has {train_size} samples, too few for one update split over "
             f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
         )
+    workers = config.num_workers if config.num_workers >= 0 else default_workers(device)
     make_loader = functools.partial(
         DataLoader,
         collate_fn=_checked(getattr(data, "collate", default_collate)),
-        num_workers=config.num_workers,
+        num_workers=workers,
         pin_memory=device.type == "cuda",
-        persistent_workers=config.num_workers > 0,
+        persistent_workers=workers > 0,
         # Their own generator: starting a loader draws a seed for its workers, which must not come
         # from the global generator that drives dropout (a resumed run starts one more loader).
         generator=torch.Generator(),
@@ -216,6 +221,16 @@ def build_loaders(
         test=eval_loader(test_set, "test"),
         device=device,
     )
+
+
+def default_workers(device: torch.device) -> int:
+    """--num-workers -1: on a GPU, load batches in up to 4 processes per rank, so that the training
+    process only queues GPU work (loading batches of 256 images in it cut a CNN's speed on an H100 to
+    0.6x); on the CPU, none: the training threads already use every core."""
+    if device.type == "cpu":
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 def _checked(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:

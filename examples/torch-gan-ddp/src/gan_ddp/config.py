@@ -56,7 +56,21 @@ class TrainConfig(Settings):
     precision: Literal["fp32", "bf16", "fp16"] = field(
         default="fp32", metadata={"help": "Autocast precision; fp16 adds dynamic loss scaling."}
     )
+    tf32: bool = field(
+        default=True,
+        metadata={
+            "help": "On GPUs, let float32 matrix products and convolutions use TF32 tensor cores (about 3x faster, "
+            "10-bit mantissa); --no-tf32 computes them in full float32."
+        },
+    )
     compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
+        default="default",
+        metadata={
+            "help": "torch.compile's mode with --compile: reduce-overhead replays CUDA graphs (fewer kernel launches, "
+            "for small models; every batch shape is recorded once), max-autotune also searches faster kernels."
+        },
+    )
     train_in_eval_mode: bool = field(
         default=False,
         metadata={
@@ -92,7 +106,13 @@ class TrainConfig(Settings):
         },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per rank."})
-    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes per rank."})
+    num_workers: int = field(
+        default=-1,
+        metadata={
+            "help": "DataLoader worker processes per rank; -1: none on the CPU, and on GPUs up to 4, as many as the "
+            "machine's CPUs shared among its ranks allow."
+        },
+    )
     device: Literal["auto", "cpu", "cuda"] = field(
         default="auto", metadata={"help": "Where to train; auto picks CUDA when available."}
     )
@@ -126,7 +146,7 @@ class TrainConfig(Settings):
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
-        non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "num_workers", "early_stop_patience"]
+        non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "early_stop_patience"]
         non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "max_steps"]
         for name in non_negative:
             value = getattr(self, name)
@@ -137,6 +157,8 @@ class TrainConfig(Settings):
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
         cpus = os.cpu_count() or 1
+        if self.num_workers < -1:
+            raise ConfigError(f"--num-workers must be -1 (automatic) or at least 0, got {self.num_workers}")
         if self.num_workers > 8 * cpus:
             raise ConfigError(
                 f"--num-workers {self.num_workers} is far more than this machine's {cpus} CPUs; use at most {cpus}"

@@ -45,6 +45,7 @@ def setup(config: TrainConfig) -> Runtime:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+        use_tf32(config.tf32)
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     # A rank that never reaches a collective makes the others fail after this long, not hang.
     timeout = datetime.timedelta(seconds=config.dist_timeout_s)
@@ -57,6 +58,12 @@ def setup(config: TrainConfig) -> Runtime:
         device_id=device if use_cuda else None,
     )
     return Runtime(device=device, rank=rank, world_size=world_size)
+
+
+def use_tf32(enabled: bool) -> None:
+    """Float32 matrix products and convolutions on TF32 tensor cores (--tf32), or in full float32."""
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def _rendezvous_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
@@ -108,11 +115,15 @@ def wrap_model(model: nn.Module, runtime: Runtime) -> nn.Module:
     """Move the model to this rank's device and wrap it in DDP.
 
     DDP broadcasts rank 0's weights at construction, then averages gradients over ranks in
-    buckets that overlap with the backward pass.
+    buckets that overlap with the backward pass. The gradients are views into those buckets
+    (gradient_as_bucket_view): no copy in and out of them, and no second copy in memory. A world
+    of one process has nothing to average, and trains its model unwrapped, as `single` does.
     """
     model = model.to(runtime.device)
+    if runtime.world_size == 1:
+        return model
     device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
 
 
 @contextlib.contextmanager
@@ -121,8 +132,10 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 
     Gradients then pile up locally; the all-reduce of the last micro-step carries them all.
     """
-    assert isinstance(model, DistributedDataParallel)
-    with contextlib.nullcontext() if enabled else model.no_sync():
+    if enabled or not isinstance(model, DistributedDataParallel):  # a world of one wraps nothing
+        yield
+        return
+    with model.no_sync():
         yield
 
 

@@ -10,7 +10,6 @@ metrics.py, optim.py and settings.py.
 """
 
 import dataclasses
-import math
 import signal
 import time
 from pathlib import Path
@@ -30,8 +29,9 @@ from .evaluation import evaluate_split, finite_or_raise
 from .hooks import Hooks
 from .optim import build_optimizer, build_scheduler
 from .sampling import build_loaders
-from .stages import build_stages, load_stages_state, mean_losses, split_models, stages_state
-from .train_step import TrainStep, make_autocast
+from .stages import build_stages, check_finite, grad_norms, load_stages_state, mean_losses, split_models, stages_state
+from .throughput import Throughput
+from .train_step import TrainStep, compile_model, make_autocast
 
 
 class Trainer:
@@ -51,7 +51,7 @@ class Trainer:
         self.wrapped = {name: distributed.wrap_model(model, runtime) for name, model in trained.items()}
         self.frozen = {name: model.to(runtime.device).eval().requires_grad_(False) for name, model in frozen.items()}
         # Compile after wrapping: DDP and FSDP hooks must be in place before tracing.
-        compiled = {name: torch.compile(model) if config.compile else model for name, model in self.wrapped.items()}
+        compiled = {name: compile_model(model, config) for name, model in self.wrapped.items()}
         # step.py receives what model.py built: one module, or the dict of them.
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
         # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
@@ -78,6 +78,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
         self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
+        self.throughput = Throughput(config, runtime.device, runtime.world_size)
         self.checkpointer.check_free_space(self.trained)
         # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
         models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
@@ -106,7 +107,8 @@ class Trainer:
         running, self.running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}, None
         epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
         skipped = running["skipped"]
-        done = first
+        done = logged = first
+        self.throughput.restart()
         for update in range(first, end):
             micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
             totals, applied = self.train_step(micro_batches, f"epoch {epoch + 1}, step {self.step}")
@@ -122,8 +124,9 @@ class Trainer:
             validate = self.config.eval_every > 0 and updates % self.config.eval_every == 0 and done != end
             stop = False
             if done % self.config.log_every == 0 or done == end or validate:
-                self.log_window(window, epoch, done, validate)
+                self.log_window(window, epoch, done, self.train_sampler.samples_between(logged, done), validate)
                 window.zero_()
+                logged = done
                 # A SIGTERM or a hook's stop may reach some ranks only: if any rank got one, every rank stops here.
                 stop, finish = distributed.any_rank(self.terminate, bool(self.run.stop_reason))
                 if finish:
@@ -141,36 +144,33 @@ class Trainer:
                     return None
         self.progress.finish()
         self.position = 0
-        self.samples_trained += sum(self.train_sampler.global_batch_sizes()[first:done])
+        self.samples_trained += self.train_sampler.samples_between(first, done)
         result = mean_losses("train", self.stages, distributed.all_reduce_sum(epoch_totals).tolist())
         if self.stages[0].nan_guard.skips_updates:
             result["skipped_updates"] = skipped
         return result
 
-    def log_window(self, window: torch.Tensor, epoch: int, done: int, validate: bool) -> None:
-        """Check and log the training loss of the updates since the last call; validate if asked.
+    def log_window(self, window: torch.Tensor, epoch: int, done: int, samples: int, validate: bool) -> None:
+        """Check and log the training loss of the updates since the last call (`samples` in all); validate if asked.
 
-        One small all-reduce every --log-every updates: the global running loss, checked for NaN/inf
-        on every rank alike so all ranks stop together.
+        One small all-reduce every --log-every updates: the global running loss, checked for NaN/inf on every
+        rank alike so all ranks stop together. Reading it waits for the GPU, so the speed is measured here too.
         """
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.step}
         sums = distributed.all_reduce_sum(window.clone()).tolist()
-        losses = mean_losses("train", self.stages, sums)  # NaN where --nan-policy skip dropped every update
-        for loss, (_, weight) in zip(losses.values(), sums, strict=True):
-            if weight and not math.isfinite(loss):
-                raise TrainingError(
-                    f"training loss is {loss} at epoch {epoch + 1}, step {self.step}; lower --lr, check your "
-                    "data for NaN/inf, or use --precision fp32"
-                )
+        losses = check_finite(mean_losses("train", self.stages, sums), sums, f"epoch {epoch + 1}, step {self.step}")
         record.update(losses)
         self.progress.update(done, done * self.config.global_batch_size, next(iter(losses.values())))
         record["lr"] = self.stages[0].scheduler.get_last_lr()[0]
+        record.update(grad_norms(self.stages))
+        record.update(self.throughput.figures(samples, sums[0][1], self.train_step.per))
         if validate:
             record.update(self.evaluate("val"))
             self.set_training(True)
         record.update(self.hook.added("on_log", record))
         if self.logger is not None:
             self.logger.log_step(record)
+        self.throughput.restart()
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""

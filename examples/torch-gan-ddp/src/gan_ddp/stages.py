@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from . import distributed
 from .callbacks import NonFiniteGuard
 from .config import TrainConfig
 from .distributed import Runtime
-from .errors import DataError
+from .errors import DataError, TrainingError
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Stage:
     models: list[nn.Module]
     nan_guard: NonFiniteGuard
     params: list[torch.nn.Parameter] = field(init=False)
+    grad_norm: torch.Tensor | None = field(default=None, init=False)  # of the last update, before clipping
 
     def __post_init__(self) -> None:
         self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
@@ -52,23 +54,30 @@ class Stage:
         """Rescale, clip and apply the accumulated gradients; False if --nan-policy skip dropped the update.
 
         `factor` turns the gradients that backward left into those of the exact global mean
-        (train_step.py). It is a tensor on the device: no host synchronization.
+        (train_step.py). It is a tensor on the device: no host synchronization. Clipping folds it
+        in: the exact gradient's norm is these gradients' norm times `factor`, and one
+        multiplication applies both (one pass over the gradients instead of two).
         """
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
         grads = [param.grad for param in self.params if param.grad is not None]
-        torch._foreach_mul_(grads, factor)
+        scale = factor
         if max_grad_norm > 0 or self.nan_guard.skips_updates:
-            # The norm of the whole, synchronized gradient: the same value on every rank.
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm or math.inf)
+            # The norm of the whole, synchronized gradient: the same value on every rank (logged as grad_norm).
+            self.grad_norm = torch.nn.utils.get_total_norm(grads) * factor
+            if max_grad_norm > 0:
+                scale = factor * (max_grad_norm / (self.grad_norm + 1e-6)).clamp(max=1.0)
             # Reading the norm waits for the GPU, so only --nan-policy skip looks at it every update.
-            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(distributed.is_finite(norm), where):
+            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(
+                distributed.is_finite(self.grad_norm), where
+            ):
                 self.optimizer.zero_grad(set_to_none=True)
                 return False
+        torch._foreach_mul_(grads, scale)
         scale_before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         # With fp16 an update with inf/NaN gradients is skipped and the scale lowered; the schedule
-        # only advances on updates that happened.
+        # only advances on updates that happened (reading the scale waits for the GPU: fp16 only).
         if not (self.scaler.is_enabled() and self.scaler.get_scale() < scale_before):
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -138,10 +147,32 @@ def loss_name(split: str, stage: Stage, stages: list[Stage]) -> str:
     return f"{split}_loss" if len(stages) == 1 else f"{split}_{stage.name}_loss"
 
 
+def grad_norms(stages: list[Stage]) -> dict[str, float]:
+    """Each stage's gradient norm at its last update, before clipping: `grad_norm`, or `grad_norm_<name>`
+    for each of several optimizers. Known when clipping (--max-grad-norm) or --nan-policy skip computes it."""
+    norms = {}
+    for stage in stages:
+        if stage.grad_norm is not None:
+            norm = stage.grad_norm.full_tensor() if isinstance(stage.grad_norm, DTensor) else stage.grad_norm
+            norms["grad_norm" if len(stages) == 1 else f"grad_norm_{stage.name}"] = float(norm)
+    return norms
+
+
 def mean_losses(split: str, stages: list[Stage], sums: list[list[float]]) -> dict[str, float]:
     """Each stage's mean loss from its summed [total, weight], under its log name; NaN where nothing counted."""
     means = [total / weight if weight else math.nan for total, weight in sums]
     return {loss_name(split, stage, stages): mean for stage, mean in zip(stages, means, strict=True)}
+
+
+def check_finite(losses: dict[str, float], sums: list[list[float]], where: str) -> dict[str, float]:
+    """The training losses from `mean_losses`, if finite; NaN where nothing counted (--nan-policy skip
+    dropped every update) is not a diverged loss."""
+    for loss, (_, weight) in zip(losses.values(), sums, strict=True):
+        if weight and not math.isfinite(loss):
+            raise TrainingError(
+                f"training loss is {loss} at {where}; lower --lr, check your data for NaN/inf, or use --precision fp32"
+            )
+    return losses
 
 
 def stages_state(stages: list[Stage]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Training: every epoch one seeded permutation, identical on all ranks, is cut int
 each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
 its own. The union over ranks and micro-steps is exactly the global batch that a single process
 would see, so N ranks train like 1 rank with the same global batch. A run resumed part-way through
-an epoch starts at the global batch where it stopped.
+an epoch starts at the global batch where it stopped. The permutation (shuffle.py) is computed a
+few thousand positions at a time, so a train set of 10^8 samples starts as quickly as a small one.
 
 Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
 sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from . import data
 from .config import TrainConfig
 from .errors import DataError, user_code_error
+from .shuffle import Shuffle
 
 try:  # data.py may draw from NumPy's global generator: it is seeded per sample too
     import numpy
@@ -65,14 +67,17 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         return min(end * self.global_batch_size, self.samples_per_epoch) - first * self.global_batch_size
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.dataset_size, generator=generator)[: self.samples_per_epoch]
-        for global_batch in order.split(self.global_batch_size)[self.start :]:
-            # tensor_split gives near-equal parts, so a short last batch is spread evenly.
-            parts = global_batch.tensor_split(self.splits)
-            for micro_step in range(self.grad_accum_steps):
-                # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
-                yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
+        shuffle = Shuffle(self.dataset_size, self.seed, self.epoch)
+        size = self.global_batch_size
+        per_chunk = max(1, Shuffle.CHUNK // size)  # global batches whose indices are computed together
+        for first in range(self.start, self.updates_per_epoch, per_chunk):
+            positions = torch.arange(first * size, min((first + per_chunk) * size, self.samples_per_epoch))
+            for global_batch in shuffle(positions).split(size):
+                # tensor_split gives near-equal parts, so a short last batch is spread evenly.
+                parts = global_batch.tensor_split(self.splits)
+                for micro_step in range(self.grad_accum_steps):
+                    # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
+                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
 
     def __len__(self) -> int:
         return (self.updates_per_epoch - self.start) * self.grad_accum_steps
@@ -129,18 +134,20 @@ class EvalBatchSampler(Sampler[list[int]]):
 
     def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:
         self.dataset_size = dataset_size
-        indices = list(range(rank, dataset_size, world_size))
-        self.real_size = len(indices)
-        self.batches = [indices[start : start + batch_size] for start in range(0, len(indices), batch_size)]
-        self.real_batches = len(self.batches)
-        longest_shard = -(-dataset_size // world_size)
-        self.batches += [[0]] * (-(-longest_shard // batch_size) - self.real_batches)
+        self.batch_size = batch_size
+        self.shard = range(rank, dataset_size, world_size)  # a range: no list of a large split is built
+        self.real_size = len(self.shard)
+        self.real_batches = -(-self.real_size // batch_size)
+        self.batches = -(-len(range(0, dataset_size, world_size)) // batch_size)  # the longest shard's
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
+        for start in range(0, self.real_size, self.batch_size):
+            yield list(self.shard[start : start + self.batch_size])
+        for _ in range(self.batches - self.real_batches):
+            yield [0]
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return self.batches
 
 
 @dataclass

@@ -1,0 +1,101 @@
+"""The torch template's samplers, imported from a rendered project: which sample each rank sees."""
+
+import importlib
+import itertools
+import sys
+
+import pytest
+import torch
+from conftest import looptpl
+
+
+@pytest.fixture(scope="module")
+def sampling(tmp_path_factory):
+    """The `sampling` module of a freshly rendered torch project."""
+    destination = tmp_path_factory.mktemp("render") / "sampled"
+    assert looptpl("new", str(destination), "--backend", "torch", "--strategy", "ddp", "--defaults").exit_code == 0
+    sys.path.insert(0, str(destination / "src"))
+    try:
+        yield importlib.import_module("sampled.sampling")
+    finally:
+        sys.path.remove(str(destination / "src"))
+
+
+def epoch_order(sampling, size, batch, accum=1, ranks=1, seed=0, epoch=0, start=0):
+    """Per global batch, the indices every rank and micro-step saw, in one-process order."""
+    samplers = [sampling.GlobalBatchSampler(size, batch, accum, rank, ranks, seed) for rank in range(ranks)]
+    streams = []
+    for sampler in samplers:
+        sampler.set_epoch(epoch, start)
+        streams.append(iter(sampler))
+    batches = []
+    for _ in range(samplers[0].updates_per_epoch - start):
+        parts = {}
+        for micro_step in range(accum):
+            for rank, stream in enumerate(streams):
+                parts[micro_step * ranks + rank] = [index for _, index in next(stream)]
+        batches.append([index for part in sorted(parts) for index in parts[part]])
+    for stream in streams:
+        assert next(stream, None) is None, "a rank yielded more micro-batches than the epoch has"
+    return batches
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64, 1003, 65_537])
+def test_the_shuffle_is_a_permutation_different_each_epoch(sampling, size):
+    orders = [sampling.Shuffle(size, seed=3, epoch=epoch)(torch.arange(size)).tolist() for epoch in range(3)]
+    for order in orders:
+        assert sorted(order) == list(range(size))
+    assert orders[0] == sampling.Shuffle(size, seed=3, epoch=0)(torch.arange(size)).tolist()  # the same every run
+    if size > 5:
+        assert orders[0] != orders[1] != orders[2]
+        assert orders[0] != sampling.Shuffle(size, seed=4, epoch=0)(torch.arange(size)).tolist()
+
+
+def test_every_sample_once_per_epoch_and_ranks_split_the_one_process_batches(sampling):
+    single = epoch_order(sampling, 1003, 64)
+    assert [len(batch) for batch in single] == [64] * 15 + [43]  # the short last batch is kept
+    assert sorted(itertools.chain(*single)) == list(range(1003))
+    for ranks, accum in [(2, 1), (3, 2), (4, 2)]:
+        assert epoch_order(sampling, 1003, 48 if ranks == 3 else 64, accum, ranks) == epoch_order(
+            sampling, 1003, 48 if ranks == 3 else 64
+        )
+    assert epoch_order(sampling, 1003, 64, epoch=1) != single
+
+
+def test_computing_the_order_in_chunks_changes_nothing(sampling, monkeypatch):
+    whole = epoch_order(sampling, 1003, 64, ranks=2, epoch=2)
+    monkeypatch.setattr(sampling.Shuffle, "CHUNK", 7)  # a chunk of less than one batch: one batch at a time
+    assert epoch_order(sampling, 1003, 64, ranks=2, epoch=2) == whole
+    monkeypatch.setattr(sampling.Shuffle, "CHUNK", 200)  # chunks of three batches
+    assert epoch_order(sampling, 1003, 64, ranks=2, epoch=2) == whole
+    assert epoch_order(sampling, 1003, 64, ranks=2, epoch=2, start=5) == whole[5:]  # a resume starts there
+
+
+def test_a_huge_train_set_never_builds_its_permutation(sampling, monkeypatch):
+    monkeypatch.setattr(torch, "randperm", lambda *args, **kwargs: pytest.fail("built a whole permutation"))
+    asked = []
+    shuffle = sampling.Shuffle.__call__
+    monkeypatch.setattr(
+        sampling.Shuffle, "__call__", lambda self, positions: asked.append(len(positions)) or shuffle(self, positions)
+    )
+    sampler = sampling.GlobalBatchSampler(10**9, 1024, 1, rank=1, world_size=2, seed=0)
+    sampler.set_epoch(7, start=123_456)
+    first = next(iter(sampler))
+    assert len(first) == 512 and all(0 <= index < 10**9 for _, index in first)
+    assert asked == [sampling.Shuffle.CHUNK]
+
+
+def test_evaluation_shards_cover_the_split_once_and_pad_to_the_longest(sampling):
+    for size, batch, ranks in [(251, 16, 1), (251, 16, 2), (257, 256, 4), (3, 2, 4), (1000, 100, 3)]:
+        samplers = [sampling.EvalBatchSampler(size, batch, rank, ranks) for rank in range(ranks)]
+        assert len({len(sampler) for sampler in samplers}) == 1  # every rank runs as many batches
+        real = []
+        for rank, sampler in enumerate(samplers):
+            batches = list(sampler)
+            assert len(batches) == len(sampler)
+            shard = list(range(rank, size, ranks))
+            expected = [shard[start : start + batch] for start in range(0, len(shard), batch)]
+            assert batches[: sampler.real_batches] == expected and sampler.real_size == len(shard)
+            assert batches[sampler.real_batches :] == [[0]] * (len(sampler) - sampler.real_batches)
+            real += [index for part in expected for index in part]
+        assert sorted(real) == list(range(size))
