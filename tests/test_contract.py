@@ -9,6 +9,7 @@ about (a naive variant that must fail it).
 """
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -242,3 +243,44 @@ def test_a_lazily_opened_file_gives_the_same_run_with_and_without_workers(tmp_pa
         )
     weights = [trained_weights(run_dir) for run_dir in sorted(tmp_path.glob("run?"))]
     assert relative_difference(weights[0], weights[1]) == 0 and relative_difference(weights[0], weights[2]) == 0
+
+
+PREPARED_DATA = """
+import os
+import time
+from pathlib import Path
+
+
+def prepare_data(config: TrainConfig) -> None:
+    if Path(f"{config.run_dir}.fail").exists():
+        raise ValueError("the corpus is missing")
+    time.sleep(3)  # slow, as tokenizing is: a rank that did not wait would read before the file exists
+    with open(f"{config.run_dir}.prepared", "a") as prepared:
+        prepared.write(f"prepared by rank {os.environ.get('RANK', '0')}\\n")
+
+
+_build_datasets = build_datasets
+
+
+def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
+    Path(f"{config.run_dir}.prepared").read_text()  # what prepare_data made
+    return _build_datasets(config)
+"""
+
+
+def test_data_is_prepared_once_per_machine_while_the_other_ranks_wait(tmp_path):
+    project = tmp_path / "prep"
+    assert looptpl("new", str(project), "--backend", "torch", "--strategy", "ddp", "--no-git").exit_code == 0
+    data = project / "src" / "prep" / "data.py"
+    data.write_text(data.read_text() + PREPARED_DATA)
+    train_torch(project, tmp_path / "run", "--epochs", "1", ranks=2)
+    assert Path(f"{tmp_path / 'run'}.prepared").read_text() == "prepared by rank 0\n"
+
+    # A failure there stops every rank, in one line each, without waiting for a timeout.
+    Path(f"{tmp_path / 'failing'}.fail").touch()
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "prep.train"]
+    flags = ["--run-dir", str(tmp_path / "failing"), "--device", "cpu", "--no-progress"]
+    failed = run([*launch, *flags], cwd=project, env={"PYTHONPATH": str(project / "src")}, timeout=120)
+    assert failed.returncode != 0
+    assert re.search(r"error: data\.py:\d+ failed in prepare_data: ValueError: the corpus is missing", failed.stdout)
+    assert "prepare_data failed on another rank; its log says why" in failed.stdout

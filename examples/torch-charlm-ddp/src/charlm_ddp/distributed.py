@@ -26,6 +26,7 @@ class Runtime:
     device: torch.device
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0  # this process's rank on its machine
 
     @property
     def is_main(self) -> bool:
@@ -57,7 +58,7 @@ def setup(config: TrainConfig) -> Runtime:
         timeout=timeout,
         device_id=device if use_cuda else None,
     )
-    return Runtime(device=device, rank=rank, world_size=world_size)
+    return Runtime(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
 
 
 def use_tf32(enabled: bool) -> None:
@@ -162,6 +163,19 @@ def any_rank(*decisions: bool) -> list[bool]:
     flags = torch.tensor([float(decision) for decision in decisions], device=_collective_device())
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return [bool(flag) for flag in flags.tolist()]
+
+
+def wait_for_every_rank(failed: bool) -> bool:
+    """Wait, as long as a day, until every rank gets here; whether any of them `failed` on the way.
+
+    For data.py's prepare_data, which can take hours on some ranks: --dist-timeout-s bounds the
+    training's collectives, so this waits in a group of its own (gloo: CPU tensors, any backend).
+    """
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
+    flag = torch.tensor([float(failed)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    dist.destroy_process_group(group)
+    return bool(flag.item())
 
 
 def is_finite(value: torch.Tensor) -> bool:

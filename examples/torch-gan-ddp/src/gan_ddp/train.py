@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
+from . import data, distributed
 from .config import TrainConfig, parse_config
 from .data import build_datasets
 from .engine import Trainer
-from .errors import ConfigError, RunError
+from .errors import ConfigError, DataError, RunError, user_code_error
 from .evaluation import finite_or_raise
 from .model import build_model
 
@@ -59,9 +59,28 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
     return resume
 
 
+def prepare_data(config: TrainConfig, runtime: distributed.Runtime) -> None:
+    """data.py's optional `prepare_data(config)` (download, tokenize, cache), run by the first rank of
+    each machine while its other ranks wait; if it fails anywhere, every rank stops."""
+    prepare = getattr(data, "prepare_data", None)
+    if prepare is None:
+        return
+    failure = None
+    if runtime.local_rank == 0:
+        try:
+            prepare(config)
+        except Exception as error:
+            failure = error
+    if distributed.wait_for_every_rank(failure is not None):
+        if failure is None:
+            raise DataError("data.py: prepare_data failed on another rank; its log says why")
+        raise user_code_error(failure, "in prepare_data")
+
+
 def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     """Train, test and write the summary; returns the exit status."""
     resume = prepare_run_dir(config, runtime)
+    prepare_data(config, runtime)
     # The same seed on every rank: identical data and identical initial weights everywhere.
     seed_everything(config.seed)
     trainer = Trainer(config, runtime, build_model(config), build_datasets(config))

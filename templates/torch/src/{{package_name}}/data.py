@@ -38,6 +38,12 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
     return make_split(1003), make_split(251), make_split(257)
 
 
+# Optional: define `prepare_data(config)` to download, tokenize or cache data before build_datasets
+# runs. The first rank of each machine runs it while the others wait (up to a day), so a machine
+# does the work once. On storage that several machines share, write each file under a temporary
+# name and `os.replace` it into place (the machines prepare at the same time).
+
+
 def collate(items: list[Any]) -> Any:
     """Turn a list of items into one batch (step.py receives it on the device).
 
