@@ -102,6 +102,19 @@ def test_torch_strategies_on_two_ranks_match_single(projects, tmp_path):
             torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=1e-5, msg=f"{strategy} {name}")
 
 
+@pytest.mark.skipif("single" not in TORCH_STRATEGIES, reason="needs the single variant")
+def test_a_first_run_prints_no_warning(projects, tmp_path):
+    """The README's first run, with the project's dependencies installed, shows the user only their run.
+
+    (torch warns at import when numpy is missing, which is why the generated pyproject.toml lists it.)
+    """
+    module = ["-m", "single.train", "--run-dir", str(tmp_path), "--device", "cpu", "--epochs", "1"]
+    result = run([sys.executable, *module], cwd=projects["single"], env={"PYTHONPATH": str(projects["single"] / "src")})
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "warning" not in result.stdout.lower(), result.stdout
+    assert '"numpy"' in (projects["single"] / "pyproject.toml").read_text()
+
+
 def test_rendering_is_deterministic(tmp_path):
     for copy in ("first", "second"):
         result = looptpl("new", str(tmp_path / copy / "proj"), "--strategy", "ddp", "--backend", "torch", "--no-git")
