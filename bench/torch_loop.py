@@ -156,8 +156,8 @@ def run_generated(run: Run, round_index: int) -> list[tuple[float, float]]:
     class TimedTrainer(engine.Trainer):  # type: ignore[name-defined,misc]
         def train_epoch(self, epoch: int) -> dict[str, float]:
             # A single process keeps every sample, the short last batch included; check it anyway.
-            sampler = getattr(self, "train_sampler", None)
-            if sampler is not None and sampler.samples_per_epoch != args.train_size:
+            sampler = self.loaders.sampler
+            if sampler.samples_per_epoch != args.train_size:
                 raise RuntimeError(
                     f"generated loop trains {sampler.samples_per_epoch} samples an epoch, not {args.train_size}"
                 )

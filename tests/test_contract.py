@@ -140,7 +140,8 @@ def tabular(tmp_path_factory) -> Path:
 
 
 def test_dict_batches_with_two_inputs_train(tabular, tmp_path):
-    train_torch(tabular, tmp_path, "--epochs", "3")
+    # 5 epochs: after 3, macro-F1 still varies from 0.46 to 0.54 with the seed (chance is about 0.33).
+    train_torch(tabular, tmp_path, "--epochs", "5")
     logged = records(tmp_path)
     assert logged[-1]["train_loss"] < logged[0]["train_loss"] and logged[-1]["val_loss"] < logged[0]["val_loss"]
     assert logged[-1]["val_f1"] > 0.5 and logged[-1]["val_ids_in_order"] == 1.0

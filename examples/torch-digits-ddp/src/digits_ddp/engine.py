@@ -27,8 +27,8 @@ from .distributed import Runtime
 from .errors import TrainingError
 from .evaluation import evaluate_split, finite_or_raise
 from .hooks import Hooks
+from .loaders import Loaders
 from .optim import build_optimizer, build_scheduler
-from .sampling import build_loaders
 from .stages import build_stages, check_finite, grad_norms, load_stages_state, mean_losses, split_models, stages_state
 from .throughput import Throughput
 from .train_step import TrainStep, compile_model, make_autocast
@@ -44,8 +44,7 @@ class Trainer:
         self.runtime = runtime
         self.run_dir = Path(config.run_dir)
         config.check_batch_split(runtime.world_size)
-        self.loaders = build_loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
-        self.train_sampler = self.loaders.train_sampler
+        self.loaders = Loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
 
         trained, frozen = split_models(built)
         self.wrapped = {name: distributed.wrap_model(model, runtime) for name, model in trained.items()}
@@ -57,7 +56,7 @@ class Trainer:
         # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
         trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
         optimizers = build_optimizer(trained_view, config)
-        self.updates_per_epoch = self.train_sampler.updates_per_epoch
+        self.updates_per_epoch = self.loaders.updates_per_epoch
         self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
         self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last one may be partial
         schedulers = build_scheduler(optimizers, config, self.total_updates)
@@ -99,18 +98,18 @@ class Trainer:
         self.set_training(True)
         first, end = self.position, min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
         # A new shuffle every epoch, the same on every rank; a resumed epoch starts where it stopped.
-        self.train_sampler.set_epoch(epoch, first)
-        batches = iter(self.loaders.train)
+        batches = self.loaders.start_epoch(epoch, first)
         self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end)
         zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
         running, self.running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}, None
         epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
         skipped = running["skipped"]
-        done = logged = first
+        done, window_samples, epoch_samples = first, 0, 0
         self.throughput.restart()
         for update in range(first, end):
-            micro_batches = [self.loaders.next_batch(batches) for _ in range(self.config.grad_accum_steps)]
+            micro_batches, samples = self.loaders.next_update(batches, update)
+            window_samples, epoch_samples = window_samples + samples, epoch_samples + samples
             totals, applied = self.train_step(micro_batches, f"epoch {epoch + 1}, step {self.step}")
             self.step += applied
             self.run.step = self.step
@@ -124,9 +123,9 @@ class Trainer:
             validate = self.config.eval_every > 0 and updates % self.config.eval_every == 0 and done != end
             stop = False
             if done % self.config.log_every == 0 or done == end or validate:
-                self.log_window(window, epoch, done, self.train_sampler.samples_between(logged, done), validate)
+                self.log_window(window, epoch, done, window_samples, validate)
                 window.zero_()
-                logged = done
+                window_samples = 0
                 # A SIGTERM or a hook's stop may reach some ranks only: if any rank got one, every rank stops here.
                 stop, finish = distributed.any_rank(self.terminate, bool(self.run.stop_reason))
                 if finish:
@@ -144,7 +143,7 @@ class Trainer:
                     return None
         self.progress.finish()
         self.position = 0
-        self.samples_trained += self.train_sampler.samples_between(first, done)
+        self.samples_trained += epoch_samples
         result = mean_losses("train", self.stages, distributed.all_reduce_sum(epoch_totals).tolist())
         if self.stages[0].nan_guard.skips_updates:
             result["skipped_updates"] = skipped
@@ -175,8 +174,8 @@ class Trainer:
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         self.set_training(False)
-        loader = self.loaders.val if split == "val" else self.loaders.test
-        results = evaluate_split(split, loader, self.models, self.config, self.loaders.next_batch, self.autocast)
+        batches = self.loaders.evaluation_batches(split)
+        results = evaluate_split(split, batches, self.models, self.config, self.autocast, self.runtime.device)
         return {**results, **self.hook.added("after_evaluation", split, results)}
 
     def state_dict(self) -> dict[str, Any]:
@@ -187,6 +186,7 @@ class Trainer:
             "position": self.position,
             **stages_state(self.stages),
             "early_stopping": self.early_stopping.state_dict(),
+            "data": self.loaders.state_dict(),
             "hooks": self.hook("state_dict"),
             "config": dataclasses.asdict(self.config),
         }
@@ -202,6 +202,7 @@ class Trainer:
             self.running = self.checkpointer.running_totals(checkpoint)
         load_stages_state(self.stages, checkpoint)
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
+        self.loaders.load_state_dict(checkpoint.get("data", {}))
         self.hook("load_state_dict", checkpoint.get("hooks", {}))
         self.run.epoch, self.run.step = self.epoch, self.step
         if self.logger is not None:
@@ -267,12 +268,11 @@ class Trainer:
                     print(f"stopping: {self.run.stop_reason}", flush=True)
                 stopped_early = True
                 break
-            updates = self.epoch * self.updates_per_epoch
             if terminate or self.epoch == self.config.stop_after_epoch:
                 self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {self.epoch}"
                 return None
-            if updates == self.config.stop_after_step:
-                self.stopped = f"after update {updates}"
+            if self.epoch * self.updates_per_epoch == self.config.stop_after_step:
+                self.stopped = f"after update {self.config.stop_after_step}"
                 return None
         train_seconds = time.perf_counter() - started
         return self.test(stopped_early, self.samples_trained / max(train_seconds, 1e-9))

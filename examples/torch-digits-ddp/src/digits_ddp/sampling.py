@@ -1,4 +1,4 @@
-"""Which samples each rank sees. Managed by the looptpl template: edit data.py instead.
+"""Which samples of a map-style data set each rank sees. Managed by the looptpl template: edit data.py instead.
 
 Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches;
 each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
@@ -16,19 +16,14 @@ runs a padding batch, so every rank runs the same number of batches (FSDP needs 
 forward is a collective); its values are dropped, so every sample counts exactly once.
 """
 
-import functools
-import os
+import contextlib
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import Dataset, Sampler
 
-from . import data
-from .config import TrainConfig
-from .errors import DataError, user_code_error
 from .shuffle import Shuffle
 
 try:  # data.py may draw from NumPy's global generator: it is seeded per sample too
@@ -105,24 +100,37 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
-        torch_state, python_state = torch.get_rng_state(), random.getstate()
-        numpy_state = numpy.random.get_state() if numpy else None
-        try:
-            return [self._load(epoch, index) for epoch, index in keys]
-        finally:
-            torch.set_rng_state(torch_state)
-            random.setstate(python_state)
-            if numpy_state is not None:
-                numpy.random.set_state(numpy_state)
+        with callers_generators_kept():
+            items = []
+            for epoch, index in keys:
+                seed_generators(self.seed, epoch, index)
+                items.append(self.dataset[index])
+            return items
 
-    def _load(self, epoch: int, index: int) -> Any:
-        seed = (self.seed * 1_000_003 + epoch) * 2**32 + index
-        # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower.
-        torch.default_generator.manual_seed(seed % 2**63)
-        random.seed(seed)
-        if numpy:
-            numpy.random.seed(seed % 2**32)
-        return self.dataset[index]
+
+@contextlib.contextmanager
+def callers_generators_kept() -> Iterator[None]:
+    """Restore torch's CPU generator, Python's and NumPy's afterwards: with no DataLoader workers
+    they drive dropout and the like in the training process."""
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    numpy_state = numpy.random.get_state() if numpy else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def seed_generators(seed: int, epoch: int, position: int) -> None:
+    """Seed the CPU generators data.py may draw from, for the sample at `position` of `epoch`."""
+    mixed = (seed * 1_000_003 + epoch) * 2**32 + position
+    # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower.
+    torch.default_generator.manual_seed(mixed % 2**63)
+    random.seed(mixed)
+    if numpy:
+        numpy.random.seed(mixed % 2**32)
 
 
 class EvalBatchSampler(Sampler[list[int]]):
@@ -148,113 +156,3 @@ class EvalBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return self.batches
-
-
-@dataclass
-class Loaders:
-    """This rank's data loaders, the sampler that drives training, and how batches reach the device."""
-
-    train: DataLoader
-    train_sampler: GlobalBatchSampler
-    val: DataLoader
-    test: DataLoader
-    device: torch.device
-
-    def next_batch(self, batches: Iterator[Any]) -> Any:
-        """The next batch on the device; an error in data.py names its file and line."""
-        try:
-            return self.to_device(next(batches))
-        except Exception as error:
-            raise user_code_error(error, "loading a batch") from None
-
-    def to_device(self, batch: Any) -> Any:
-        """Move every tensor of a batch (nested in tuples, lists and dicts) to the device, without waiting."""
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=True)
-        if isinstance(batch, dict):
-            return {key: self.to_device(value) for key, value in batch.items()}
-        if isinstance(batch, list | tuple):
-            moved = [self.to_device(value) for value in batch]
-            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-        return batch
-
-
-def build_loaders(
-    datasets: tuple[Dataset, Dataset, Dataset], config: TrainConfig, rank: int, world_size: int, device: torch.device
-) -> Loaders:
-    """Wrap data.py's datasets in loaders that give this rank its share of each split."""
-    train_set, val_set, test_set = datasets
-    train_size = split_size(train_set, "train")
-    if config.global_batch_size > train_size:
-        raise DataError(
-            f"--global-batch-size {config.global_batch_size} is larger than the train set ({train_size} samples); "
-            "lower it, or add data"
-        )
-    train_sampler = GlobalBatchSampler(
-        train_size, config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed
-    )
-    if train_sampler.updates_per_epoch == 0:
-        raise DataError(
-            f"data.py: the train set has {train_size} samples, too few for one update split over "
-            f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
-        )
-    workers = config.num_workers if config.num_workers >= 0 else default_workers(device)
-    make_loader = functools.partial(
-        DataLoader,
-        collate_fn=_checked(getattr(data, "collate", default_collate)),
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0,
-        # Their own generator: starting a loader draws a seed for its workers, which must not come
-        # from the global generator that drives dropout (a resumed run starts one more loader).
-        generator=torch.Generator(),
-    )
-
-    def eval_loader(dataset: Dataset, split: str) -> DataLoader:
-        sampler = EvalBatchSampler(split_size(dataset, split), config.eval_batch_size, rank, world_size)
-        return make_loader(dataset, batch_sampler=sampler)
-
-    return Loaders(
-        train=make_loader(SeededSamples(train_set, config.seed), batch_sampler=train_sampler),
-        train_sampler=train_sampler,
-        val=eval_loader(val_set, "val"),
-        test=eval_loader(test_set, "test"),
-        device=device,
-    )
-
-
-def default_workers(device: torch.device) -> int:
-    """--num-workers -1: on a GPU, load batches in up to 4 processes per rank, so that the training
-    process only queues GPU work (loading batches of 256 images in it cut a CNN's speed on an H100 to
-    0.6x); on the CPU, none: the training threads already use every core."""
-    if device.type == "cpu":
-        return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-
-
-def _checked(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    """data.py's collate, with its failures named: items of different shapes are the usual one."""
-
-    def collate_items(items: list[Any]) -> Any:
-        try:
-            return collate(items)
-        except Exception as error:
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise DataError(
-                f"data.py: could not collate {len(items)} items into a batch ({message}); items of different "
-                "shapes (variable-length sequences) need a collate() in data.py that pads them"
-            ) from None
-
-    return collate_items
-
-
-def split_size(dataset: Dataset, split: str) -> int:
-    """Length of a split, with a clear error when data.py returned something unusable."""
-    try:
-        size = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        raise DataError(f"data.py: the {split} dataset must be a map-style Dataset with a length") from None
-    if size == 0:
-        raise DataError(f"data.py: the {split} dataset is empty")
-    return size

@@ -1,19 +1,18 @@
 """Evaluation: every sample of a split counted exactly once over all ranks. Managed by the looptpl template.
 
-Each rank evaluates its own shard (sampling.py). A `Mean` from step.py adds its weighted total
-and its weight; one all-reduce sums them over the ranks, and total / weight is the split's mean.
-A `Gather` collects per-sample rows from every rank, back in dataset order, for metrics.py's
-`dataset_metrics`. Ranks whose shard is a batch shorter run one padding batch, only so that
-every rank joins FSDP's collectives: its values are dropped.
+Each rank evaluates its own shard (sampling.py; streaming.py for a stream). A `Mean` from step.py
+adds its weighted total and its weight; one all-reduce sums them over the ranks, and total /
+weight is the split's mean. A `Gather` collects per-sample rows from every rank, back in dataset
+order, for metrics.py's `dataset_metrics`. Ranks whose shard is a batch shorter run a padding
+batch, only so that every rank joins FSDP's collectives: its values are dropped.
 """
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from . import distributed
 from .collect import Gather, Mean, check_eval_values
@@ -28,26 +27,25 @@ RESERVED = ("samples", "epoch", "step", "lr")
 @torch.no_grad()
 def evaluate_split(
     split: str,
-    loader: DataLoader,
+    batches: Iterable[tuple[Any, bool, int]],
     models: Any,
     config: TrainConfig,
-    next_batch: Callable[[Iterator[Any]], Any],
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
+    device: torch.device,
 ) -> dict[str, float]:
-    """The means and dataset metrics of `split` ("val" or "test"), named `<split>_<name>`."""
-    sampler = loader.batch_sampler
+    """The means and dataset metrics of `split` ("val" or "test") from this rank's (batch, padding,
+    samples), named `<split>_<name>`."""
     sums: dict[str, torch.Tensor] = {}
     units: dict[str, str] = {}
     rows: dict[str, list[torch.Tensor]] = {}
-    batches = iter(loader)
-    for index in range(len(loader)):
-        batch = next_batch(batches)
+    real = 0  # this rank's samples, padding left out
+    for batch, padding, samples in batches:
         try:
             with autocast():
                 values = check_eval_values(eval_step(models, batch, config))
         except Exception as error:
             raise user_code_error(error, f"in eval_step on the {split} split") from None
-        padding = index >= sampler.real_batches  # type: ignore[union-attr]
+        real += samples
         for name, value in values.items():
             if isinstance(value, Mean):
                 pair = torch.stack([value.total.detach(), value.weight]).double()
@@ -56,9 +54,12 @@ def evaluate_split(
             elif not padding:
                 rows.setdefault(name, []).append(value.rows.detach())
     names = list(sums)
-    totals = distributed.all_reduce_sum(torch.stack([sums[name] for name in names])).tolist() if names else []
+    # The samples of every rank are summed with the means' totals: one all-reduce.
+    count = torch.tensor([real, 0.0], dtype=torch.float64, device=device)
+    stacked = torch.stack([*(sums[name] for name in names), count])
+    *totals, (split_size, _) = distributed.all_reduce_sum(stacked).tolist()
     means = {name: total / weight if weight else math.nan for name, (total, weight) in zip(names, totals, strict=True)}
-    gathered = {name: _in_dataset_order(name, rows, sampler) for name in _gather_names(values)}
+    gathered = {name: _in_dataset_order(name, rows, real) for name in _gather_names(values)}
     try:
         extra = dataset_metrics(means, gathered)
     except Exception as error:
@@ -70,7 +71,7 @@ def evaluate_split(
     for per, name in units.items():
         if per != "sample":  # the weight of a per-token Mean: the split's real tokens
             results[f"{split}_{per}s"] = int(totals[names.index(name)][1])
-    results[f"{split}_samples"] = sampler.dataset_size  # type: ignore[union-attr]
+    results[f"{split}_samples"] = int(split_size)
     return results
 
 
@@ -79,13 +80,12 @@ def _gather_names(values: dict[str, Mean | Gather]) -> list[str]:
     return [name for name, value in values.items() if isinstance(value, Gather)]
 
 
-def _in_dataset_order(name: str, rows: dict[str, list[torch.Tensor]], sampler: Any) -> torch.Tensor:
+def _in_dataset_order(name: str, rows: dict[str, list[torch.Tensor]], real: int) -> torch.Tensor:
     """The rows of every rank, back in dataset order: rank r holds samples r, r + N, r + 2N, ..."""
     local = torch.cat(rows[name]) if name in rows else torch.empty(0)
-    if len(local) != sampler.real_size:
+    if len(local) != real:
         raise StepError(
-            f"eval_step's Gather {name!r} gave {len(local)} rows for {sampler.real_size} samples; "
-            "give one row per sample"
+            f"eval_step's Gather {name!r} gave {len(local)} rows for {real} samples; give one row per sample"
         )
     parts = distributed.all_gather_rows(local)
     ordered = torch.empty((sum(len(part) for part in parts), *local.shape[1:]), dtype=local.dtype)
