@@ -285,3 +285,48 @@ def test_data_is_prepared_once_per_machine_while_the_other_ranks_wait(tmp_path):
     assert failed.returncode != 0
     assert re.search(r"error: data\.py:\d+ failed in prepare_data: ValueError: the corpus is missing", failed.stdout)
     assert "prepare_data failed on another rank; its log says why" in failed.stdout
+
+
+FROZEN_BACKBONE = """
+
+_build_model = build_model
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    model = _build_model(config)
+    model[0].requires_grad_(False)  # the first layer, a "backbone", starts frozen
+    return model
+"""
+UNFREEZING_HOOKS = """
+class Hooks:
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+
+    def on_epoch_start(self, run: Run, epoch: int) -> None:
+        network = getattr(run.models, "module", run.models)  # DDP holds the network as .module
+        network[0].requires_grad_(epoch > 1)  # the backbone trains from epoch 2 on
+"""
+
+
+def test_a_hook_may_unfreeze_weights_except_under_ddp_on_several_ranks(tmp_path):
+    projects = {}
+    for strategy in ("ddp", "fsdp"):
+        project = projects[strategy] = tmp_path / strategy
+        assert looptpl("new", str(project), "--backend", "torch", "--strategy", strategy, "--no-git").exit_code == 0
+        for file, extra in (("model.py", FROZEN_BACKBONE), ("hooks.py", UNFREEZING_HOOKS)):
+            path = project / "src" / strategy / file
+            path.write_text(path.read_text() + extra)
+    flags = ("--epochs", "2")
+    train_torch(projects["ddp"], tmp_path / "one", *flags)  # one process: the model is not wrapped
+    train_torch(projects["fsdp"], tmp_path / "fsdp-two", *flags, ranks=2)  # FSDP follows the change
+    assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "fsdp-two")) < 1e-5
+    # DDP on two ranks would leave the unfrozen layer unsynchronized, each rank training it its own way:
+    # the run stops instead, saying what to do.
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ddp.train"]
+    flags_ddp = ["--run-dir", str(tmp_path / "ddp-two"), "--device", "cpu", "--no-progress", *flags]
+    stopped = run(
+        [*launch, *flags_ddp], cwd=projects["ddp"], env={"PYTHONPATH": str(projects["ddp"] / "src")}, timeout=120
+    )
+    assert stopped.returncode != 0
+    assert "changed which weights train (requires_grad) after DDP wrapped the model" in stopped.stdout
+    assert "learning rate of 0 in optim.py's param groups instead, or use fsdp" in stopped.stdout

@@ -25,6 +25,7 @@ class Run:
     config: TrainConfig
     models: Any  # what model.py built: one module or the dict of them, wrapped for DDP/FSDP
     optimizers: Any  # what optim.py built: one optimizer or the dict of them
+    schedulers: Any  # optim.py's learning-rate schedules, alike: one or the dict of them
     rank: int
     world_size: int
     epoch: int = 0  # epochs completed

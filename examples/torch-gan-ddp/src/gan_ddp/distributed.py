@@ -7,6 +7,7 @@ plain `python`, the same code runs as a world of one. CUDA devices use NCCL; the
 import contextlib
 import datetime
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .config import TrainConfig
-from .errors import ConfigError
+from .errors import ConfigError, StepError
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,27 @@ def wrap_model(model: nn.Module, runtime: Runtime) -> nn.Module:
     if runtime.world_size == 1:
         return model
     device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    wrapped = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    TRAINABLE_WHEN_WRAPPED[wrapped] = trainable(model)
+    return wrapped
+
+
+# What each DDP model trained when it was wrapped: DDP synchronizes the gradients of those weights only.
+TRAINABLE_WHEN_WRAPPED: "weakref.WeakKeyDictionary[nn.Module, set[int]]" = weakref.WeakKeyDictionary()
+
+
+def trainable(model: nn.Module) -> set[int]:
+    return {id(param) for param in model.parameters() if param.requires_grad}
+
+
+def check_trainable(model: nn.Module) -> None:
+    """Refuse a change of which weights train since DDP wrapped the model (a hook's requires_grad_):
+    DDP would leave the newly trained ones unsynchronized, and each rank would train them its own way."""
+    if isinstance(model, DistributedDataParallel) and trainable(model.module) != TRAINABLE_WHEN_WRAPPED[model]:
+        raise StepError(
+            "hooks.py changed which weights train (requires_grad) after DDP wrapped the model, which DDP cannot "
+            "follow: give frozen weights a learning rate of 0 in optim.py's param groups instead, or use fsdp"
+        )
 
 
 @contextlib.contextmanager

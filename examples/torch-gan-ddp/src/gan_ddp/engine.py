@@ -81,7 +81,7 @@ class Trainer:
         self.checkpointer.check_free_space(self.trained)
         # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
         models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
-        self.run = Run(config, models_view, optimizers, runtime.rank, runtime.world_size)
+        self.run = Run(config, models_view, optimizers, schedulers, runtime.rank, runtime.world_size)
         self.hook = HookCaller(Hooks, config, self.run)
 
     def set_training(self, training: bool) -> None:

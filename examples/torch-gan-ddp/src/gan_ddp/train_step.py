@@ -65,6 +65,9 @@ class TrainStep:
         all-reduced on the device (no host synchronization), gives the exact mean: for a short last
         batch, padded tokens or masks alike. With one loss per sample and a full batch it is exactly 1.
         """
+        for stage in self.stages:
+            for model in stage.models:
+                distributed.check_trainable(model)  # hooks run between updates
         multiplier = self.runtime.world_size / self.config.global_batch_size
         # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
         # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
