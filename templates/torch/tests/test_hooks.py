@@ -23,14 +23,13 @@ def hooked_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hooked_runs")
     recording = sources_with_recording_hooks(root / "recording")
     stopping = sources_with_recording_hooks(root / "stopping", stop_at=7)
-    started = [
-        start_training(root / "straight", *FLAGS, sources=recording),
-        start_training(root / "resumed", *FLAGS, "--stop-after-step", "23", sources=recording),
-        start_training(root / "stopped", "--epochs", "3", "--log-every", "4", sources=stopping),
-    ]
-    for training in started:
-        finish(training)
+    straight = start_training(root / "straight", *FLAGS, sources=recording)
+    stopped = start_training(root / "stopped", "--epochs", "3", "--log-every", "4", sources=stopping)
+    # Stopped after update 23, then resumed, while the others go on.
+    run_training(root / "resumed", *FLAGS, "--stop-after-step", "23", sources=recording)
     run_training(root / "resumed", *FLAGS, "--resume", sources=recording)
+    finish(straight)
+    finish(stopped)
     return root
 
 
