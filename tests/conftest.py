@@ -8,7 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -52,6 +55,21 @@ def run(
         output, _ = process.communicate()
         pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{output[-5000:]}")
     return subprocess.CompletedProcess(command, process.returncode, output)
+
+
+T = TypeVar("T")
+
+
+def in_parallel(*calls: Callable[[], T]) -> list[T]:
+    """Call each function in a thread of its own, all at once, and return their results in order.
+
+    For independent training runs, each a subprocess with its own timeout: a run that uses one core
+    and another beside it take the time of one on a 2-core machine. A failure is raised once every
+    call has returned.
+    """
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
 
 
 def answers(project: Path) -> dict:

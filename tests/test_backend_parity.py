@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import looptpl, run
+from conftest import in_parallel, looptpl, run
 
 FEATURES, CLASSES = 8, 3
 SIZES = {"train": 103, "val": 37, "test": 29}
@@ -187,8 +187,10 @@ def test_torch_and_tensorflow_follow_the_same_loss_curve(tmp_path):
     (package(tf_project) / "data.py").write_text(TF_DATA.format(**files))
     (package(tf_project) / "model.py").write_text(TF_MODEL.format(**files))
 
-    torch_records = train(torch_project)
-    tf_records = train(tf_project, "--shuffle-buffer", "1")  # data.py already gives torch's order
+    torch_records, tf_records = in_parallel(
+        lambda: train(torch_project),
+        lambda: train(tf_project, "--shuffle-buffer", "1"),  # data.py already gives torch's order
+    )
     assert len(torch_records) == len(tf_records) == 3
     for torch_record, tf_record in zip(torch_records, tf_records, strict=True):
         assert tf_record["step"] == torch_record["step"] == 6 * torch_record["epoch"]

@@ -22,6 +22,7 @@ from conftest import (
     copy_project,
     doc_blocks,
     edit,
+    in_parallel,
     looptpl,
     records,
     relative_difference,
@@ -61,8 +62,10 @@ def lm(tmp_path_factory) -> Path:
 def test_token_weighted_loss_is_exact_over_ranks_and_micro_steps(lm, tmp_path):
     # Functions of 48-160 bytes, padded per micro-batch: the global mean over real tokens is only
     # right if the engine divides by the real tokens of all ranks and micro-steps together.
-    train_torch(lm, tmp_path / "one", *TINY_LM)
-    train_torch(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", ranks=2)
+    in_parallel(
+        lambda: train_torch(lm, tmp_path / "one", *TINY_LM),
+        lambda: train_torch(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", ranks=2),
+    )
     assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) < LM_TOLERANCE
     one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
@@ -79,8 +82,10 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
         'return Mean(losses, weights=mask, per="token")\n\n\ndef eval_step',
         "return Mean(((losses * mask).sum() / mask.sum()).reshape(1))\n\n\ndef eval_step",
     )
-    train_torch(naive, tmp_path / "one", *TINY_LM)
-    train_torch(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", ranks=2)
+    in_parallel(
+        lambda: train_torch(naive, tmp_path / "one", *TINY_LM),
+        lambda: train_torch(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", ranks=2),
+    )
     assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) > 5 * LM_TOLERANCE
 
 
@@ -93,8 +98,10 @@ GAN_RUN = ("--epochs", "2", "--global-batch-size", "64")
 
 
 def test_gan_trains_both_networks_alike_on_two_ranks_with_accumulation(gan, tmp_path):
-    train_torch(gan, tmp_path / "one", *GAN_RUN)
-    train_torch(gan, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2)
+    in_parallel(
+        lambda: train_torch(gan, tmp_path / "one", *GAN_RUN),
+        lambda: train_torch(gan, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2),
+    )
     one, two = trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")
     assert {name.split(".")[0] for name in one} == {"discriminator", "generator"}  # no frozen judge
     assert relative_difference(one, two) < GAN_TOLERANCE
@@ -108,8 +115,10 @@ def test_gan_with_a_locally_scaled_loss_fails_the_same_check(gan, tmp_path):
     naive = copy_project(gan, tmp_path / "naive")
     edit(naive, "step.py", 'yield "discriminator", Mean(torch.cat([real_loss, fake_loss]))',
          'yield "discriminator", Mean(torch.cat([real_loss, fake_loss]).mean().reshape(1))')  # fmt: skip
-    train_torch(naive, tmp_path / "one", *GAN_RUN)
-    train_torch(naive, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2)
+    in_parallel(
+        lambda: train_torch(naive, tmp_path / "one", *GAN_RUN),
+        lambda: train_torch(naive, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2),
+    )
     assert (
         relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) > 10 * GAN_TOLERANCE
     )
@@ -118,9 +127,11 @@ def test_gan_with_a_locally_scaled_loss_fails_the_same_check(gan, tmp_path):
 def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
     # 20 updates an epoch (1257 samples, 64 a batch): stopped after update 27, part-way through
     # epoch 2, with both networks' optimizers, schedulers and running losses in the checkpoint.
-    train_torch(gan, tmp_path / "straight", *GAN_RUN)
-    train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
-    resumed = train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    def stopped_and_resumed() -> subprocess.CompletedProcess:
+        train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
+        return train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+
+    _, resumed = in_parallel(lambda: train_torch(gan, tmp_path / "straight", *GAN_RUN), stopped_and_resumed)
     assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed.stdout
     assert relative_difference(trained_weights(tmp_path / "straight"), trained_weights(tmp_path / "resumed")) == 0
     assert records(tmp_path / "straight") == [
@@ -151,8 +162,10 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
     # --lr 0 keeps the weights equal, so the two runs must give the same predictions; the split
     # (251) is odd, so the ranks' shards differ in size and one rank runs a padding batch.
     flags = ("--epochs", "1", "--lr", "0", "--eval-batch-size", "16")
-    train_torch(tabular, tmp_path / "one", *flags)
-    train_torch(tabular, tmp_path / "two", *flags, ranks=2)
+    in_parallel(
+        lambda: train_torch(tabular, tmp_path / "one", *flags),
+        lambda: train_torch(tabular, tmp_path / "two", *flags, ranks=2),
+    )
     one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
     assert two["val_f1"] == one["val_f1"] and two["val_ids_in_order"] == one["val_ids_in_order"] == 1.0
     assert two["val_samples"] == 251
@@ -164,14 +177,16 @@ def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_p
     write_blocks(student, doc_blocks("Distillation"), append=("model.py",))
     edit(student, "optim.py", "AdamW(model.parameters()", 'AdamW(model["student"].parameters()')
     teacher = tmp_path / "teacher" / "checkpoints" / "best.pt"
-    train_torch(student, tmp_path / "run", "--epochs", "3", "--teacher", str(teacher))
+    _, missing = in_parallel(
+        lambda: train_torch(student, tmp_path / "run", "--epochs", "3", "--teacher", str(teacher)),
+        lambda: run_failing(student, tmp_path / "missing", "--teacher", str(tmp_path / "nope.pt")),
+    )
     checkpoint = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("epoch-*.pt"))[-1], weights_only=True)
     assert checkpoint["model"] and all(name.startswith("student.") for name in checkpoint["model"])
     assert all(name.startswith("student.") for name in checkpoint["optimizer"]["state"])
     logged = records(tmp_path / "run")
     assert logged[-1]["val_agreement"] > max(0.5, logged[0]["val_agreement"])  # it learns the teacher (3 classes)
 
-    missing = run_failing(student, tmp_path / "missing", "--teacher", str(tmp_path / "nope.pt"))
     assert "cannot read frozen weights" in missing.stdout and "Traceback" not in missing.stdout
 
 
@@ -186,8 +201,10 @@ def test_a_contrastive_loss_over_every_rank_trains_like_one_rank(tabular, tmp_pa
     if gather == "local-only":  # the naive version: each rank's negatives are its own samples only
         edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
     flags = ("--epochs", "2", "--global-batch-size", "32")
-    train_torch(project, tmp_path / "one", *flags)
-    train_torch(project, tmp_path / "two", *flags, ranks=2)
+    in_parallel(
+        lambda: train_torch(project, tmp_path / "one", *flags),
+        lambda: train_torch(project, tmp_path / "two", *flags, ranks=2),
+    )
     difference = relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two"))
     if gather == "with-grad":
         assert difference < LM_TOLERANCE
@@ -238,10 +255,12 @@ def test_a_lazily_opened_file_gives_the_same_run_with_and_without_workers(tmp_pa
     (project / "src" / "lazy" / "data.py").write_text(
         (project / "src" / "lazy" / "data.py").read_text() + LAZY_FILE_DATA
     )
-    for workers in ("0", "2", "2"):
-        train_torch(
-            project, tmp_path / f"run{len(list(tmp_path.glob('run*')))}", "--epochs", "2", "--num-workers", workers
-        )
+    workers = ("--epochs", "2", "--num-workers")
+    in_parallel(
+        lambda: train_torch(project, tmp_path / "run0", *workers, "0"),
+        lambda: train_torch(project, tmp_path / "run1", *workers, "2"),
+        lambda: train_torch(project, tmp_path / "run2", *workers, "2"),
+    )
     weights = [trained_weights(run_dir) for run_dir in sorted(tmp_path.glob("run?"))]
     assert relative_difference(weights[0], weights[1]) == 0 and relative_difference(weights[0], weights[2]) == 0
 

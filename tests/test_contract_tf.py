@@ -20,6 +20,7 @@ from conftest import (
     copy_project,
     doc_blocks,
     edit,
+    in_parallel,
     looptpl,
     records,
     relative_difference,
@@ -79,8 +80,10 @@ TINY_LM = ("--epochs", "1", "--schedule", "constant", "--warmup-steps", "0")
 def test_token_weighted_loss_is_exact_over_replicas_and_micro_steps(lm, tmp_path):
     # Functions of 48-160 bytes, padded per replica batch: the update is only right if the engine
     # divides by the real tokens of all replicas and micro-steps together.
-    train_tf(lm, tmp_path / "one", *TINY_LM)
-    train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2)
+    in_parallel(
+        lambda: train_tf(lm, tmp_path / "one", *TINY_LM),
+        lambda: train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2),
+    )
     assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) < TOLERANCE
     one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
@@ -97,8 +100,10 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
         '    return Mean(losses, weights=mask, per="token")\n\n\ndef eval_step',
         "    return Mean(tf.reshape(tf.reduce_sum(losses * mask) / tf.reduce_sum(mask), [1]))\n\n\ndef eval_step",
     )
-    train_tf(naive, tmp_path / "one", *TINY_LM)
-    train_tf(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2)
+    in_parallel(
+        lambda: train_tf(naive, tmp_path / "one", *TINY_LM),
+        lambda: train_tf(naive, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2),
+    )
     assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) > 10 * TOLERANCE
 
 
@@ -114,8 +119,10 @@ GAN_EPOCH = ("--epochs", "1", "--global-batch-size", "64")
 
 
 def test_gan_trains_both_networks_alike_on_two_replicas_with_accumulation(gan, tmp_path):
-    train_tf(gan, tmp_path / "one", *GAN_EPOCH)
-    train_tf(gan, tmp_path / "two", *GAN_EPOCH, "--grad-accum-steps", "2", replicas=2)
+    in_parallel(
+        lambda: train_tf(gan, tmp_path / "one", *GAN_EPOCH),
+        lambda: train_tf(gan, tmp_path / "two", *GAN_EPOCH, "--grad-accum-steps", "2", replicas=2),
+    )
     one, two = tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")
     # Both trained networks, and not the frozen judge (its 1257 stored images are no trainable weight).
     assert {name.split("/")[1] for name in one} == {"discriminator", "generator"}
@@ -137,17 +144,21 @@ def test_gan_with_a_loss_summed_per_micro_batch_fails_the_same_check(gan, tmp_pa
         f'yield "generator", Mean({judged})',
         f'yield "generator", Mean(tf.reshape(tf.reduce_sum({judged}), [1]))',
     )
-    train_tf(naive, tmp_path / "one", *GAN_EPOCH)
-    train_tf(naive, tmp_path / "two", *GAN_EPOCH, "--grad-accum-steps", "2", replicas=2)
+    in_parallel(
+        lambda: train_tf(naive, tmp_path / "one", *GAN_EPOCH),
+        lambda: train_tf(naive, tmp_path / "two", *GAN_EPOCH, "--grad-accum-steps", "2", replicas=2),
+    )
     assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) > 10 * TOLERANCE
 
 
 def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
     # 20 updates an epoch: stopped after update 27, part-way through epoch 2, with both networks'
     # optimizers and running losses in the checkpoint.
-    train_tf(gan, tmp_path / "straight", *GAN_RUN)
-    train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
-    resumed = train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+    def stopped_and_resumed() -> str:
+        train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
+        return train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
+
+    _, resumed = in_parallel(lambda: train_tf(gan, tmp_path / "straight", *GAN_RUN), stopped_and_resumed)
     assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed
     assert relative_difference(tf_weights(tmp_path / "straight"), tf_weights(tmp_path / "resumed")) == 0
     timeless = [{**record, "epoch_time_s": 0} for record in records(tmp_path / "straight")]
@@ -165,8 +176,10 @@ def test_a_contrastive_loss_over_every_replica_trains_like_one_replica(tmp_path,
     if gather == "local-only":  # the naive version: each replica's negatives are its own samples only
         edit(project, "step.py", "gather_with_grad(second)", "(second, 0)")
     flags = ("--epochs", "2", "--global-batch-size", "32")
-    train_tf(project, tmp_path / "one", *flags)
-    train_tf(project, tmp_path / "two", *flags, replicas=2)
+    in_parallel(
+        lambda: train_tf(project, tmp_path / "one", *flags),
+        lambda: train_tf(project, tmp_path / "two", *flags, replicas=2),
+    )
     difference = relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two"))
     if gather == "with-grad":
         assert difference < TOLERANCE

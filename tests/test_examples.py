@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, answers, looptpl, run, user_files
+from conftest import REPO_ROOT, answers, in_parallel, looptpl, run, user_files
 
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
@@ -56,7 +56,10 @@ def train_digits(run_dir: Path, ranks: int) -> dict:
 
 @needs_sklearn
 def test_digits_example_trains_alike_on_one_and_two_ranks(tmp_path):
-    one, two = train_digits(tmp_path / "one", ranks=1), train_digits(tmp_path / "two", ranks=2)
+    one, two = in_parallel(
+        lambda: train_digits(tmp_path / "one", ranks=1),
+        lambda: train_digits(tmp_path / "two", ranks=2),
+    )
     # Two epochs reach about 0.90 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.985.
     assert one["test_accuracy"] > 0.8, one
     assert one["test_samples"] == two["test_samples"] == 270
@@ -82,8 +85,10 @@ def train_tf_example(example: Path, run_dir: Path, replicas: int, *flags: str) -
 @needs_tensorflow_and_sklearn
 def test_tf_digits_example_trains_alike_on_one_and_two_replicas(tmp_path):
     flags = ("--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last")
-    one = train_tf_example(TF_DIGITS, tmp_path / "one", 1, *flags)
-    two = train_tf_example(TF_DIGITS, tmp_path / "two", 2, *flags)
+    one, two = in_parallel(
+        lambda: train_tf_example(TF_DIGITS, tmp_path / "one", 1, *flags),
+        lambda: train_tf_example(TF_DIGITS, tmp_path / "two", 2, *flags),
+    )
     # Two epochs reach about 0.9 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.989.
     assert one["test_accuracy"] > 0.8, one
     assert one["test_samples"] == two["test_samples"] == 270
@@ -108,8 +113,10 @@ def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
         "--warmup-steps",
         "0",
     )
-    one = train_tf_example(TF_CHARLM, tmp_path / "one", 1, *flags)
-    two = train_tf_example(TF_CHARLM, tmp_path / "two", 2, *flags, "--grad-accum-steps", "2")
+    one, two = in_parallel(
+        lambda: train_tf_example(TF_CHARLM, tmp_path / "one", 1, *flags),
+        lambda: train_tf_example(TF_CHARLM, tmp_path / "two", 2, *flags, "--grad-accum-steps", "2"),
+    )
     assert one["test_tokens"] == two["test_tokens"] > 64 * 47  # every real token of the split, counted once
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
     assert one["test_perplexity"] < 60, one  # 257 is chance; 8 updates already learn the common bytes

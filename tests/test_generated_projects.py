@@ -1,5 +1,6 @@
 """Render every variant, lint it, train it, and run the project's own test suite."""
 
+import functools
 import os
 import re
 import shutil
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, looptpl, run, user_files
+from conftest import REPO_ROOT, in_parallel, looptpl, run, user_files
 
 from looptpl.variants import VARIANTS
 
@@ -27,6 +28,11 @@ def projects(tmp_path_factory) -> dict[str, Path]:
         result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
         assert result.exit_code == 0, result.stderr
         rendered[variant.strategy] = destination
+    # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs.
+    (root / "no_numpy" / "numpy").mkdir(parents=True)
+    (root / "no_numpy" / "numpy" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("numpy is hidden from this test")\n'
+    )
     return rendered
 
 
@@ -76,11 +82,7 @@ def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subproce
     launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     if ranks > 1:
         launcher.append(f"--nproc-per-node={ranks}")
-    # torch does not depend on numpy, so neither may the generated loop: hide it from the run.
-    no_numpy = project.parent / "no_numpy"
-    (no_numpy / "numpy").mkdir(parents=True, exist_ok=True)
-    (no_numpy / "numpy" / "__init__.py").write_text('raise ModuleNotFoundError("numpy is hidden from this test")\n')
-    python_path = f"{no_numpy}{os.pathsep}{project / 'src'}"
+    python_path = f"{project.parent / 'no_numpy'}{os.pathsep}{project / 'src'}"  # see `projects`
     result = run([*launcher, *module, *flags], cwd=project, timeout=600, env={"PYTHONPATH": python_path})
     assert result.returncode == 0, result.stdout[-8000:]
     return result
@@ -90,12 +92,17 @@ def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subproce
 @pytest.mark.skipif("single" not in TORCH_STRATEGIES, reason="needs the single variant as reference")
 def test_torch_strategies_on_two_ranks_match_single(projects, tmp_path):
     """ddp and fsdp on 2 CPU ranks end with the weights of the single-process project, without numpy."""
-    train(projects["single"], tmp_path / "single", "--epochs", "2")
+    strategies = [strategy for strategy in ("ddp", "fsdp") if strategy in projects]
+    two_ranks = ("--epochs", "2", "--grad-accum-steps", "2")
+    in_parallel(
+        lambda: train(projects["single"], tmp_path / "single", "--epochs", "2"),
+        *(
+            functools.partial(train, projects[strategy], tmp_path / strategy, *two_ranks, ranks=2)
+            for strategy in strategies
+        ),
+    )
     reference = torch.load(tmp_path / "single" / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
-    for strategy in ("ddp", "fsdp"):
-        if strategy not in projects:
-            continue
-        train(projects[strategy], tmp_path / strategy, "--epochs", "2", "--grad-accum-steps", "2", ranks=2)
+    for strategy in strategies:
         weights = torch.load(tmp_path / strategy / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
         assert weights.keys() == reference.keys()
         for name, tensor in reference.items():
