@@ -11,7 +11,6 @@ from conftest import (
     finish,
     hook_calls,
     metrics,
-    run_training,
     sources_with_a_conv_model,
     sources_with_a_nan_training_sample,
     sources_with_recording_hooks,
@@ -24,7 +23,7 @@ VAL_SAMPLES, TEST_SAMPLES = 251, 257  # data.py's split sizes: odd on purpose
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two-replica runs, started together; the resumed one continues once its first part is done."""
+    """Two-replica runs, started together; the resumed one continues as soon as its first part is done."""
     root = tmp_path_factory.mktemp("runs")
     stopped = (*TRAIN_FLAGS, "--checkpoint-every", "10")
     hooked = sources_with_recording_hooks(root / "hooks", stop_at=7)
@@ -39,8 +38,11 @@ def runs(tmp_path_factory):
         # The last replica's hooks ask to stop once update 7 is done: the run ends after update 8.
         "hooked": start_training(root / "hooked", *TRAIN_FLAGS, "--log-every", "4", sources=hooked, replicas=2),
     }
-    results = {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
-    results["resume"] = run_training(root / "resumed", *stopped, "--resume", replicas=2)
+    # The stopped run ends first, and is resumed while the others go on.
+    results = {"resumed": finish(started.pop("resumed"))}
+    resume = start_training(root / "resumed", *stopped, "--resume", replicas=2)
+    results |= {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
+    results["resume"] = finish(resume)
     return root, results
 
 

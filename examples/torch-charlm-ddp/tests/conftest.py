@@ -1,5 +1,6 @@
 """Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -7,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,29 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
+
+
+@dataclass
+class Training:
+    """A command started in the background, writing its output to `log`; `finish` waits for it."""
+
+    process: subprocess.Popen
+    log: Path
+    started: float
+
+
+STARTED: list[Training] = []  # every command `start` started
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_runs_left_running():
+    """A test that fails while runs it started are still going leaves them behind: stop them."""
+    yield
+    for training in STARTED:
+        if training.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
+                os.killpg(training.process.pid, signal.SIGKILL)  # the whole group: torchrun and every rank
+    STARTED.clear()
 
 
 def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple[str, ...] = ()) -> list[str]:
@@ -30,25 +56,50 @@ def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *module]
 
 
-def start(command: list[str], sources: Path = PROJECT_ROOT / "src", **environment: str) -> subprocess.Popen:
+def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", **environment: str) -> Training:
     """Start a command in its own process group, with `sources` (src/ or an edited copy) importable."""
     environment = {**os.environ, "PYTHONPATH": str(sources), "OMP_NUM_THREADS": "1", **environment}
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
-    )
+    # Output goes to a file, not a pipe: runs started together never block on a full pipe.
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
+        )
+    STARTED.append(Training(process, log, time.monotonic()))
+    return STARTED[-1]
 
 
-def finish(process: subprocess.Popen, expect_success: bool = True) -> subprocess.CompletedProcess:
-    """Wait for a started command; kill its whole process group if it outlives the timeout."""
+def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
+    """Wait for a started command; kill its whole process group if it outlives RUN_TIMEOUT_S."""
+    process = training.process
+    timed_out = False
     try:
-        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+        process.wait(timeout=max(1.0, training.started + RUN_TIMEOUT_S - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)  # the whole group: torchrun and every rank
-        output, _ = process.communicate()
+        process.wait()
+        timed_out = True
+    output = training.log.read_text()
+    if timed_out:
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{output}")
     if expect_success and process.returncode != 0:
         pytest.fail(f"training failed with exit code {process.returncode}:\n{output}")
     return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+def start_training(
+    run_dir: Path,
+    *flags: str,
+    ranks: int = 1,
+    sources: Path = PROJECT_ROOT / "src",
+    launcher: tuple[str, ...] = (),
+) -> Training:
+    """Start training in a fresh process (or `ranks` processes under torchrun) writing to `run_dir`.
+
+    `sources` can point at an edited copy of src/ (see `edited_sources`); the output goes to `run_dir`.log.
+    """
+    command = training_command(run_dir, *flags, ranks=ranks, launcher=launcher)
+    return start(command, run_dir.with_name(f"{run_dir.name}.log"), sources)
 
 
 def run_training(
@@ -59,11 +110,8 @@ def run_training(
     sources: Path = PROJECT_ROOT / "src",
     launcher: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Train in a fresh process (or `ranks` processes under torchrun) writing to `run_dir`.
-
-    `sources` can point at an edited copy of src/ (see `edited_sources`).
-    """
-    return finish(start(training_command(run_dir, *flags, ranks=ranks, launcher=launcher), sources), expect_success)
+    """Train to the end, as `start_training` starts it, and return the run's exit code and output."""
+    return finish(start_training(run_dir, *flags, ranks=ranks, sources=sources, launcher=launcher), expect_success)
 
 
 def free_port() -> int:
@@ -99,6 +147,21 @@ def sources_with_dropout(tmp_path: Path, sources: Path = PROJECT_ROOT / "src") -
     """model.py with dropout before its readout: every training update draws random numbers."""
     readout = "        nn.Linear(config.hidden_size, NUM_CLASSES),\n"
     return edited_sources(tmp_path, "model.py", readout, "        nn.Dropout(0.3),\n" + readout, sources)
+
+
+def sources_with_random_augmentation(tmp_path: Path) -> Path:
+    """data.py whose training samples get fresh random noise every time they are loaded."""
+    return edited_sources(
+        tmp_path,
+        "data.py",
+        "    return make_split(1003), make_split(251), make_split(257)",
+        """    class Augmented(TensorDataset):
+        def __getitem__(self, index):
+            inputs, target = super().__getitem__(index)
+            return inputs + 0.3 * torch.randn_like(inputs), target
+
+    return Augmented(*make_split(1003).tensors), make_split(251), make_split(257)""",
+    )
 
 
 RECORDING_HOOKS = """import json

@@ -20,6 +20,7 @@ from conftest import (
     sources_with_dropout,
     sources_with_recording_hooks,
     start,
+    start_training,
     summary,
     training_command,
 )
@@ -34,30 +35,46 @@ EPOCHS = ["--epochs", "3", "--train-in-eval-mode"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same training on 1 rank, on 2 ranks, and on 2 ranks with 2 accumulation steps."""
+    """The same training on 1 rank, on 2 ranks, and on 2 ranks with 2 accumulation steps; and the
+    runs of the tests below that need no edited sources. All start together."""
     root = tmp_path_factory.mktemp("runs")
-    run_training(root / "one", *EPOCHS)
-    run_training(root / "two", *EPOCHS, ranks=2)
-    run_training(root / "two_accum", *EPOCHS, "--grad-accum-steps", "2", ranks=2)
-    return root
+    hooked = sources_with_recording_hooks(root / "hooked_src", stop_at=7)
+    started = {
+        "one": start_training(root / "one", *EPOCHS),
+        "two": start_training(root / "two", *EPOCHS, ranks=2),
+        "two_accum": start_training(root / "two_accum", *EPOCHS, "--grad-accum-steps", "2", ranks=2),
+        # Rank 1 alone asks to stop at update 7; with --log-every 4 both ranks end epoch 1 after update 8.
+        "hooked": start_training(root / "hooked", "--epochs", "3", "--log-every", "4", ranks=2, sources=hooked),
+        "two_then_one": start_training(root / "two_then_one", *EPOCHS, "--stop-after-epoch", "1", ranks=2),
+        "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", ranks=2),
+        "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2),
+    }
+    # "two_then_one" ends first, and is resumed on 1 rank while the others go on.
+    results = {"two_then_one": finish(started.pop("two_then_one"))}
+    resume = start_training(root / "two_then_one", *EPOCHS, "--resume")
+    results |= {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
+    results["resume_on_one"] = finish(resume)
+    return root, results
 
 
 @pytest.mark.parametrize("variant", ["two", "two_accum"])
 def test_two_ranks_match_one_rank(runs, variant):
     # The train set (1003 samples) does not divide by the global batch (64): the short last
     # batch is split over ranks and micro-steps and must still give the same update.
-    assert_same_weights(final_weights(runs / "one"), final_weights(runs / variant), rtol=1e-5)
-    assert_same_metrics(metrics(runs / "one"), metrics(runs / variant), rel=1e-4)
+    root, _ = runs
+    assert_same_weights(final_weights(root / "one"), final_weights(root / variant), rtol=1e-5)
+    assert_same_metrics(metrics(root / "one"), metrics(root / variant), rel=1e-4)
 
 
 def test_evaluation_counts_every_sample_once(runs):
+    root, _ = runs
     _, val_set, test_set = build_datasets(TrainConfig())
     # With the template's data the split is odd (251), so one rank evaluates a padded sample.
-    for record in metrics(runs / "two"):
+    for record in metrics(root / "two"):
         assert record["val_samples"] == len(val_set)
-    assert summary(runs / "two")["test_samples"] == len(test_set)
-    for name in [name for name in summary(runs / "one") if name.startswith("test_")]:
-        assert summary(runs / "two")[name] == pytest.approx(summary(runs / "one")[name], rel=1e-5)
+    assert summary(root / "two")["test_samples"] == len(test_set)
+    for name in [name for name in summary(root / "one") if name.startswith("test_")]:
+        assert summary(root / "two")[name] == pytest.approx(summary(root / "one")[name], rel=1e-5)
 
 
 def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_run(tmp_path):
@@ -65,43 +82,42 @@ def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_
     # checkpoints every 5), resumed from there; each rank's dropout draws continue where they were.
     sources = sources_with_dropout(tmp_path / "dropout")
     flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5")
-    run_training(tmp_path / "straight", *flags, ranks=2, sources=sources)
+    straight = start_training(tmp_path / "straight", *flags, ranks=2, sources=sources)  # meanwhile, to compare with
     run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", ranks=2, sources=sources)
     result = run_training(tmp_path / "resumed", *flags, "--resume", ranks=2, sources=sources)
+    finish(straight)
     assert "resumed from epoch 1, step 23 (update 7 of epoch 2)" in result.stdout
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
 
 
-def test_hooks_run_alike_on_every_rank_and_a_stop_asked_on_one_rank_stops_all(tmp_path):
+def test_hooks_run_alike_on_every_rank_and_a_stop_asked_on_one_rank_stops_all(runs):
     # Rank 1 alone asks to stop at update 7; with --log-every 4 both ranks end epoch 1 after update 8.
-    sources = sources_with_recording_hooks(tmp_path, stop_at=7)
-    run_training(tmp_path / "run", "--epochs", "3", "--log-every", "4", ranks=2, sources=sources)
-    assert hook_calls(tmp_path / "run", rank=0) == hook_calls(tmp_path / "run", rank=1)
-    assert hook_calls(tmp_path / "run", rank=0)[-1] == ["run_end", 8]
-    assert summary(tmp_path / "run")["stop_reason"] == "a hook asked, on another rank"
-    assert [(record["epoch"], record["step"]) for record in metrics(tmp_path / "run")] == [(1, 8)]
+    root, _ = runs
+    run_dir = root / "hooked"
+    assert hook_calls(run_dir, rank=0) == hook_calls(run_dir, rank=1)
+    assert hook_calls(run_dir, rank=0)[-1] == ["run_end", 8]
+    assert summary(run_dir)["stop_reason"] == "a hook asked, on another rank"
+    assert [(record["epoch"], record["step"]) for record in metrics(run_dir)] == [(1, 8)]
 
 
-def test_resume_on_a_different_number_of_ranks(runs, tmp_path):
-    # Checkpoints hold full, unsharded states: a 2-rank run can continue on 1 rank.
-    run_training(tmp_path, *EPOCHS, "--stop-after-epoch", "1", ranks=2)
-    result = run_training(tmp_path, *EPOCHS, "--resume")
-    assert "written by 2 ranks" in result.stdout
-    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path), rtol=1e-5)
+def test_resume_on_a_different_number_of_ranks(runs):
+    # Checkpoints hold full, unsharded states: a 2-rank run (stopped after epoch 1) can continue on 1 rank.
+    root, results = runs
+    assert "written by 2 ranks" in results["resume_on_one"].stdout
+    assert_same_weights(final_weights(root / "two"), final_weights(root / "two_then_one"), rtol=1e-5)
 
 
-def test_early_stopping_stops_every_rank_at_the_same_epoch(tmp_path):
-    result = run_training(tmp_path, "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", ranks=2)
-    assert result.returncode == 0
-    assert summary(tmp_path)["stopped_early"] is True
-    assert summary(tmp_path)["epochs_run"] == 2
+def test_early_stopping_stops_every_rank_at_the_same_epoch(runs):
+    root, results = runs
+    assert results["early"].returncode == 0
+    assert summary(root / "early")["stopped_early"] is True
+    assert summary(root / "early")["epochs_run"] == 2
 
 
-def test_a_nan_loss_stops_every_rank(tmp_path):
-    result = run_training(
-        tmp_path, "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2, expect_success=False
-    )
+def test_a_nan_loss_stops_every_rank(runs):
+    _, results = runs
+    result = results["nan"]
     assert result.returncode != 0
     assert "training loss is" in result.stdout
 
@@ -110,8 +126,12 @@ def test_nan_policy_skip_drops_the_same_update_as_one_rank(tmp_path):
     # One NaN training input makes one update's gradients NaN; every rank must skip that same update.
     sources = sources_with_a_nan_training_sample(tmp_path)
     flags = ("--epochs", "1", "--nan-policy", "skip", "--train-in-eval-mode")
-    run_training(tmp_path / "one", *flags, sources=sources)
-    run_training(tmp_path / "two", *flags, ranks=2, sources=sources)
+    started = [
+        start_training(tmp_path / "one", *flags, sources=sources),
+        start_training(tmp_path / "two", *flags, ranks=2, sources=sources),
+    ]
+    for training in started:
+        finish(training)
     assert metrics(tmp_path / "two")[0]["skipped_updates"] == 1
     assert summary(tmp_path / "two")["steps"] == summary(tmp_path / "one")["steps"]
     assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"), rtol=1e-5)
@@ -153,6 +173,7 @@ def build_datasets(config):
 def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_path):
     # Rank 1 dies by SIGKILL in update 10 of epoch 3 (its 1300th sample; 16 updates per epoch);
     # torchrun restarts both ranks, which resume from the checkpoint written after update 40.
+    root, _ = runs
     sources = fault_in_rank_1(tmp_path, 1300, "os.kill(os.getpid(), signal.SIGKILL)")
     torchrun = (
         sys.executable,
@@ -165,12 +186,14 @@ def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_p
     )
     result = run_training(tmp_path / "run", *EPOCHS, "--checkpoint-every", "5", sources=sources, launcher=torchrun)
     assert "resumed from epoch 2, step 40 (update 8 of epoch 3)" in result.stdout
-    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path / "run"))
-    assert metrics(runs / "two") == metrics(tmp_path / "run")
+    assert_same_weights(final_weights(root / "two"), final_weights(tmp_path / "run"))
+    assert metrics(root / "two") == metrics(tmp_path / "run")
 
 
 def test_a_hung_rank_makes_the_others_fail_within_the_timeout(tmp_path):
-    sources = fault_in_rank_1(tmp_path, 300, "time.sleep(600)")
+    # Rank 1 hangs but dies of SIGTERM: once rank 0 has failed, torchrun stops the other ranks with
+    # SIGTERM, and gives one that outlives it (the loop's handler only notes it) 30 s before SIGKILL.
+    sources = fault_in_rank_1(tmp_path, 300, "signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(600)")
     result = run_training(
         tmp_path / "run", *EPOCHS, "--dist-timeout-s", "5", ranks=2, sources=sources, expect_success=False
     )
@@ -182,10 +205,12 @@ def test_two_nodes_train_like_one_node(runs, tmp_path):
     # Two torchrun agents, one rank each, meet through the c10d rendezvous as two machines would.
     rendezvous = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=test")
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rendezvous)
-    nodes = [start(training_command(tmp_path / "run", *EPOCHS, launcher=torchrun)) for _ in range(2)]
+    command = training_command(tmp_path / "run", *EPOCHS, launcher=torchrun)
+    nodes = [start(command, tmp_path / f"node{index}.log") for index in range(2)]
     for node in nodes:
         finish(node)
-    assert_same_weights(final_weights(runs / "two"), final_weights(tmp_path / "run"))
+    root, _ = runs
+    assert_same_weights(final_weights(root / "two"), final_weights(tmp_path / "run"))
 
 
 def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
@@ -208,10 +233,10 @@ def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
         "RUN_DIR": str(run_dir),
     }
     flags = ["--device", "cpu", "--no-progress", "--epochs", "2", "--stop-after-epoch", "1"]
-    finish(start(["bash", str(script), *flags], **environment))
+    finish(start(["bash", str(script), *flags], tmp_path / "job.log", **environment))
     assert (run_dir / "checkpoints" / "epoch-0001.pt").is_file()
     # Run again, as a requeued job would: it resumes instead of refusing the existing run.
     environment["RDZV_PORT"] = str(free_port())
-    result = finish(start(["bash", str(script), *flags[:-2]], **environment))
+    result = finish(start(["bash", str(script), *flags[:-2]], tmp_path / "requeued.log", **environment))
     assert "resumed from epoch 1" in result.stdout
     assert summary(run_dir)["epochs_run"] == 2

@@ -1,20 +1,39 @@
 """hooks.py: its methods run in order, add values, keep their state over a resume, stop the run."""
 
+import pytest
 from conftest import (
     edited_sources,
+    finish,
     hook_calls,
     metrics,
     run_training,
     sources_with_recording_hooks,
+    start_training,
     step_records,
     summary,
 )
 
+FLAGS = ("--epochs", "2", "--log-every", "5", "--checkpoint-every", "5")
 
-def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(tmp_path):
-    sources = sources_with_recording_hooks(tmp_path)
-    flags = ("--epochs", "2", "--log-every", "5", "--checkpoint-every", "5")
-    run_training(tmp_path / "straight", *flags, sources=sources)
+
+@pytest.fixture(scope="module")
+def hooked_runs(tmp_path_factory):
+    """Runs with hooks that record their calls, started together: straight, stopped part-way
+    through epoch 2 (then resumed), and stopped by a hook."""
+    root = tmp_path_factory.mktemp("hooked_runs")
+    recording = sources_with_recording_hooks(root / "recording")
+    stopping = sources_with_recording_hooks(root / "stopping", stop_at=7)
+    straight = start_training(root / "straight", *FLAGS, sources=recording)
+    stopped = start_training(root / "stopped", "--epochs", "3", "--log-every", "4", sources=stopping)
+    # Stopped after update 23, then resumed, while the others go on.
+    run_training(root / "resumed", *FLAGS, "--stop-after-step", "23", sources=recording)
+    run_training(root / "resumed", *FLAGS, "--resume", sources=recording)
+    finish(straight)
+    finish(stopped)
+    return root
+
+
+def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(hooked_runs):
     expected = [["run_start", 0, 0]]
     for epoch in (1, 2):  # 16 updates each
         expected.append(["epoch_start", epoch])
@@ -23,27 +42,24 @@ def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(tmp_pa
             if done % 5 == 0 or done == 16:
                 expected.append(["log", (epoch - 1) * 16 + done])
         expected += [["evaluation", "val"], ["epoch_end", epoch]]
-    assert hook_calls(tmp_path / "straight") == [*expected, ["evaluation", "test"], ["run_end", 32]]
-    for record in metrics(tmp_path / "straight"):
+    assert hook_calls(hooked_runs / "straight") == [*expected, ["evaluation", "test"], ["run_end", 32]]
+    for record in metrics(hooked_runs / "straight"):
         assert record["val_loss_doubled"] == 2 * record["val_loss"]
-    assert summary(tmp_path / "straight")["test_loss_doubled"] == 2 * summary(tmp_path / "straight")["test_loss"]
-    steps = step_records(tmp_path / "straight")
+    assert summary(hooked_runs / "straight")["test_loss_doubled"] == 2 * summary(hooked_runs / "straight")["test_loss"]
+    steps = step_records(hooked_runs / "straight")
     assert [record["updates_counted"] for record in steps] == [record["step"] for record in steps]
     # Stopped part-way through epoch 2 and resumed: the hooks' count continues from the checkpoint.
-    run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", sources=sources)
-    run_training(tmp_path / "resumed", *flags, "--resume", sources=sources)
-    assert step_records(tmp_path / "resumed") == steps
+    assert step_records(hooked_runs / "resumed") == steps
 
 
-def test_a_hook_ends_the_run_at_the_next_log_boundary(tmp_path):
+def test_a_hook_ends_the_run_at_the_next_log_boundary(hooked_runs):
     # Asked at update 7, with --log-every 4: epoch 1 ends after update 8, is validated and
     # checkpointed, and the run tests its best checkpoint as after early stopping.
-    sources = sources_with_recording_hooks(tmp_path, stop_at=7)
-    run_training(tmp_path / "run", "--epochs", "3", "--log-every", "4", sources=sources)
-    assert [(record["epoch"], record["step"]) for record in metrics(tmp_path / "run")] == [(1, 8)]
-    result = summary(tmp_path / "run")
+    run_dir = hooked_runs / "stopped"
+    assert [(record["epoch"], record["step"]) for record in metrics(run_dir)] == [(1, 8)]
+    result = summary(run_dir)
     assert (result["steps"], result["stopped_early"], result["stop_reason"]) == (8, True, "step 7 reached")
-    assert hook_calls(tmp_path / "run")[-1] == ["run_end", 8]
+    assert hook_calls(run_dir)[-1] == ["run_end", 8]
 
 
 def test_a_mistake_in_a_hook_is_one_line(tmp_path):

@@ -1,4 +1,8 @@
-"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping and NaN."""
+"""The loop trains, logs, resumes exactly, and stops cleanly on early stopping and NaN.
+
+A run is mostly start-up on one core, so runs that do not depend on each other start together:
+most in the `runs` fixture, which the tests then check one by one.
+"""
 
 import importlib.util
 import math
@@ -13,34 +17,74 @@ from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
-    edited_sources,
     final_weights,
     finish,
     metrics,
     run_training,
     sources_with_a_nan_training_sample,
     sources_with_dropout,
-    start,
+    sources_with_random_augmentation,
+    start_training,
     step_records,
     summary,
-    training_command,
 )
 
 from charlm_ddp.config import TrainConfig
 from charlm_ddp.data import build_datasets
 
-ENVIRONMENT = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Runs of the template's project, started together; three of them stop early and are resumed."""
+    root = tmp_path_factory.mktemp("runs")
+    diverging = ("--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0")
+    skipping = ("--nan-policy", "skip", "--max-consecutive-skips", "3")
+    # The train set does not divide by 64, so the short last batch is split over micro-steps too.
+    # --train-in-eval-mode: dropout would draw different masks for differently split batches.
+    big_batch = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
+    started = {
+        "reference": start_training(root / "reference", "--epochs", "3"),
+        "bf16": start_training(root / "bf16", "--epochs", "2", "--precision", "bf16"),
+        "fp16": start_training(root / "fp16", "--epochs", "2", "--precision", "fp16"),
+        "one_batch": start_training(root / "one_batch", *big_batch),
+        "accum": start_training(root / "accum", *big_batch, "--grad-accum-steps", "4"),
+        "max_steps": start_training(root / "max_steps", "--max-steps", "20", "--warmup-steps", "5"),
+        # With a zero learning rate the validation loss never improves after the first epoch.
+        "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "2"),
+        "nan": start_training(root / "nan", *diverging),
+        "diverged": start_training(root / "diverged", *diverging, *skipping),
+        "bad_split": start_training(root / "bad_split", "--global-batch-size", "63", "--grad-accum-steps", "2"),
+        # Like "reference" up to its stop; resumed below once its newest checkpoint is damaged.
+        "crashed": start_training(root / "crashed", "--epochs", "3", "--stop-after-epoch", "2"),
+        # Both stop after epoch 1, to be resumed with a changed setting below.
+        "changed_lr": start_training(root / "changed_lr", "--epochs", "2", "--stop-after-epoch", "1"),
+        "changed_model": start_training(root / "changed_model", "--epochs", "2", "--stop-after-epoch", "1"),
+    }
+    # The stopped runs end first, and are resumed while the others go on.
+    results = {name: finish(started.pop(name)) for name in ("crashed", "changed_lr", "changed_model")}
+    newest = root / "crashed" / "checkpoints" / "epoch-0002.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk lost the end of the file
+    resumed = {
+        "crashed_resume": start_training(root / "crashed", "--epochs", "3", "--resume"),
+        "lr_refused": start_training(root / "changed_lr", "--epochs", "2", "--resume", "--lr", "1e-5"),
+        # A setting of settings.py that changes the network's shape.
+        "model_refused": start_training(root / "changed_model", "--epochs", "2", "--resume", "--hidden-size", "32"),
+    }
+    failing = {"nan", "diverged", "bad_split", "lr_refused", "model_refused"}
+    started |= resumed
+    results |= {name: finish(training, expect_success=name not in failing) for name, training in started.items()}
+    return root, results
 
 
-def test_trains_and_writes_the_run_directory(tmp_path):
-    run_training(tmp_path, "--epochs", "3")
-    records = metrics(tmp_path)
+def test_trains_and_writes_the_run_directory(runs):
+    root, _ = runs
+    records = metrics(root / "reference")
     assert [record["epoch"] for record in records] == [1, 2, 3]
     assert records[-1]["train_loss"] < records[0]["train_loss"]
     assert records[-1]["val_loss"] < records[0]["val_loss"]
     for name in ["config.json", "metrics.csv", "checkpoints/epoch-0003.pt", "checkpoints/best.pt"]:
-        assert (tmp_path / name).is_file(), name
-    result = summary(tmp_path)
+        assert (root / "reference" / name).is_file(), name
+    result = summary(root / "reference")
     _, _, test_set = build_datasets(TrainConfig())
     assert result["epochs_run"] == 3
     assert result["test_samples"] == len(test_set)
@@ -48,64 +92,48 @@ def test_trains_and_writes_the_run_directory(tmp_path):
     assert all(math.isfinite(value) for name, value in result.items() if name.startswith("test_"))
 
 
-def test_plot_writes_curves_or_explains_what_is_missing(tmp_path):
-    run_training(tmp_path, "--epochs", "2")
-    result = subprocess.run(
-        [sys.executable, "-m", "charlm_ddp.plot", str(tmp_path)], capture_output=True, text=True, env=ENVIRONMENT
-    )
+def test_plot_writes_curves_or_explains_what_is_missing(runs):
+    root, _ = runs
+    run_dir = root / "reference"
+    command = [sys.executable, "-m", "charlm_ddp.plot", str(run_dir)]
+    environment = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if importlib.util.find_spec("matplotlib") is None:
         assert result.returncode == 1 and "needs matplotlib" in result.stderr
     else:
         assert result.returncode == 0, result.stderr
-        logged = metrics(tmp_path)[0]
+        logged = metrics(run_dir)[0]
         panels = [
             "loss",
             *(name[4:] for name in logged if name.startswith("val_") and name[4:] not in ("loss", "samples")),
         ]
         for name in panels:
-            assert (tmp_path / "plots" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+            assert (run_dir / "plots" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_trains(tmp_path, precision):
-    run_training(tmp_path, "--epochs", "2", "--precision", precision)
-    records = metrics(tmp_path)
+def test_mixed_precision_trains(runs, precision):
+    root, _ = runs
+    records = metrics(root / precision)
     assert records[-1]["train_loss"] < records[0]["train_loss"]
 
 
-def test_gradient_accumulation_matches_one_big_batch(tmp_path):
-    # The train set does not divide by 64, so the short last batch is split over micro-steps too.
-    # --train-in-eval-mode: dropout would draw different masks for differently split batches.
-    flags = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
-    run_training(tmp_path / "one", *flags)
-    run_training(tmp_path / "accum", *flags, "--grad-accum-steps", "4")
-    assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "accum"), rtol=1e-5)
-    assert_same_metrics(metrics(tmp_path / "one"), metrics(tmp_path / "accum"), rel=1e-4)
+def test_gradient_accumulation_matches_one_big_batch(runs):
+    # "accum" splits each global batch of 64, and the short last one, over 4 micro-steps.
+    root, _ = runs
+    assert_same_weights(final_weights(root / "one_batch"), final_weights(root / "accum"), rtol=1e-5)
+    assert_same_metrics(metrics(root / "one_batch"), metrics(root / "accum"), rel=1e-4)
 
 
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
-    run_training(tmp_path / "straight", "--epochs", "4")
+    straight = start_training(tmp_path / "straight", "--epochs", "4")  # meanwhile, the run to compare with
     run_training(tmp_path / "resumed", "--epochs", "4", "--stop-after-epoch", "2")
     assert not (tmp_path / "resumed" / "summary.json").exists()
     run_training(tmp_path / "resumed", "--epochs", "4", "--resume")
+    finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
     assert summary(tmp_path / "straight")["test_loss"] == summary(tmp_path / "resumed")["test_loss"]
-
-
-def sources_with_random_augmentation(tmp_path):
-    """data.py whose training samples get fresh random noise every time they are loaded."""
-    return edited_sources(
-        tmp_path,
-        "data.py",
-        "    return make_split(1003), make_split(251), make_split(257)",
-        """    class Augmented(TensorDataset):
-        def __getitem__(self, index):
-            inputs, target = super().__getitem__(index)
-            return inputs + 0.3 * torch.randn_like(inputs), target
-
-    return Augmented(*make_split(1003).tensors), make_split(251), make_split(257)""",
-    )
 
 
 def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_workers(tmp_path):
@@ -115,7 +143,7 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # with the same weights, to the bit.
     sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
     flags = ("--epochs", "3", "--checkpoint-every", "10")
-    run_training(tmp_path / "straight", *flags, sources=sources)
+    straight = start_training(tmp_path / "straight", *flags, sources=sources)  # meanwhile, the run to compare with
     workers = ("--num-workers", "2")
     stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
     assert "stopped after update 23, checkpointed; continue with --resume" in stopped.stdout
@@ -123,13 +151,14 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # Part-way through epoch 2 (16 updates per epoch): after update 20 and at the stop; the newest two are kept.
     assert written == ["best.pt", "epoch-0002-step-00000020.pt", "epoch-0002-step-00000023.pt"]
     run_training(tmp_path / "resumed", *flags, *workers, "--resume", sources=sources)
+    finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
 
 
-def test_max_steps_ends_part_way_through_an_epoch(tmp_path):
-    run_training(tmp_path, "--max-steps", "20", "--warmup-steps", "5")
-    records = metrics(tmp_path)
+def test_max_steps_ends_part_way_through_an_epoch(runs):
+    root, _ = runs
+    records = metrics(root / "max_steps")
     assert [(record["epoch"], record["step"]) for record in records] == [(1, 16), (2, 20)]
     assert records[-1]["lr"] == 0.0  # the cosine schedule ran over the 20 updates, not 2 whole epochs
 
@@ -139,8 +168,15 @@ def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
     # anyway), and a record of the training loss every 4 updates of an epoch besides.
     sources = sources_with_dropout(tmp_path)
     flags = ("--epochs", "2", "--schedule", "constant", "--log-every", "4")
-    run_training(tmp_path / "plain", *flags, sources=sources)
-    run_training(tmp_path / "validated", *flags, "--eval-every", "6", sources=sources)
+    # These three go on while the run below is stopped part-way and resumed.
+    plain = start_training(tmp_path / "plain", *flags, sources=sources)
+    validated = start_training(tmp_path / "validated", *flags, "--eval-every", "6", sources=sources)
+    six = start_training(tmp_path / "six", *flags, "--max-steps", "6", sources=sources)
+    stopped = (*flags, "--eval-every", "6", "--checkpoint-every", "5")
+    run_training(tmp_path / "resumed", *stopped, "--stop-after-step", "13", sources=sources)
+    run_training(tmp_path / "resumed", *stopped, "--resume", sources=sources)
+    for training in (plain, validated, six):
+        finish(training)
     steps = step_records(tmp_path / "validated")
     assert [record["step"] for record in steps] == [4, 6, 8, 12, 16, 18, 20, 24, 28, 30, 32]
     assert [record["step"] for record in steps if "val_loss" in record] == [6, 12, 18, 24, 30]
@@ -148,13 +184,9 @@ def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
     assert_same_weights(final_weights(tmp_path / "plain"), final_weights(tmp_path / "validated"))
     assert metrics(tmp_path / "plain") == metrics(tmp_path / "validated")
     # The validation at update 6 is that of the weights after 6 updates: a run of 6 updates ends there.
-    run_training(tmp_path / "six", *flags, "--max-steps", "6", sources=sources)
     at_six = next(record for record in steps if record["step"] == 6)
     assert at_six["val_loss"] == metrics(tmp_path / "six")[-1]["val_loss"]
     # Stopped and resumed part-way, the run logs each record once, the same as the uninterrupted run.
-    stopped = (*flags, "--eval-every", "6", "--checkpoint-every", "5")
-    run_training(tmp_path / "resumed", *stopped, "--stop-after-step", "13", sources=sources)
-    run_training(tmp_path / "resumed", *stopped, "--resume", sources=sources)
     assert step_records(tmp_path / "resumed") == steps
     assert_same_weights(final_weights(tmp_path / "plain"), final_weights(tmp_path / "resumed"))
 
@@ -163,98 +195,95 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(
     # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every
     # boundary with a checkpoint, exit status 143, and --resume carries on as if nothing happened.
     flags = ("--epochs", "8", "--log-every", "1")
-    run_training(tmp_path / "straight", *flags)
-    training = start(training_command(tmp_path / "stopped", *flags))
+    straight = start_training(tmp_path / "straight", *flags)  # meanwhile, the run to compare with
+    training = start_training(tmp_path / "stopped", *flags)
     deadline = time.monotonic() + 120
     while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    training.send_signal(signal.SIGTERM)
+    training.process.send_signal(signal.SIGTERM)
     result = finish(training, expect_success=False)
     assert result.returncode == 143, result.stdout
     assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
     assert "stopped by SIGTERM after" in result.stdout
     assert not list((tmp_path / "stopped").rglob("*.tmp"))
     run_training(tmp_path / "stopped", *flags, "--resume")
+    finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
 
 
-def test_early_stopping_ends_the_run(tmp_path):
-    # With a zero learning rate the validation loss never improves after the first epoch.
-    run_training(tmp_path, "--epochs", "6", "--lr", "0", "--early-stop-patience", "2")
-    result = summary(tmp_path)
+def test_early_stopping_ends_the_run(runs):
+    root, _ = runs
+    result = summary(root / "early")
     assert result["stopped_early"] is True
     assert result["epochs_run"] == 3
 
 
-def test_a_nan_loss_stops_the_run_with_a_message(tmp_path):
-    result = run_training(tmp_path, "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", expect_success=False)
+def test_a_nan_loss_stops_the_run_with_a_message(runs):
+    root, results = runs
+    result = results["nan"]
     assert result.returncode == 1
     assert "training loss is nan" in result.stdout or "training loss is inf" in result.stdout
-    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+    assert not list((root / "nan" / "checkpoints").glob("*.pt"))
 
 
 def test_nan_policy_skip_drops_only_the_bad_updates(tmp_path):
     sources = sources_with_a_nan_training_sample(tmp_path)
-    run_training(tmp_path / "run", "--epochs", "2", "--nan-policy", "skip", sources=sources)
+    skipping = start_training(tmp_path / "run", "--epochs", "2", "--nan-policy", "skip", sources=sources)
+    stopping = start_training(tmp_path / "stopped", "--epochs", "2", sources=sources)
+    finish(skipping)
     records = metrics(tmp_path / "run")
     assert [record["skipped_updates"] for record in records] == [1, 1]
     assert all(math.isfinite(record["train_loss"]) and math.isfinite(record["val_loss"]) for record in records)
     updates_per_epoch = math.ceil(1003 / 64)
     assert summary(tmp_path / "run")["steps"] == 2 * (updates_per_epoch - 1)
 
-    stopped = run_training(tmp_path / "stopped", "--epochs", "2", sources=sources, expect_success=False)
+    stopped = finish(stopping, expect_success=False)
     assert stopped.returncode == 1
     assert "training loss is nan" in stopped.stdout
 
 
-def test_nan_policy_skip_still_stops_a_diverged_run(tmp_path):
-    result = run_training(
-        tmp_path,
-        *("--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0"),
-        *("--nan-policy", "skip", "--max-consecutive-skips", "3"),
-        expect_success=False,
-    )
+def test_nan_policy_skip_still_stops_a_diverged_run(runs):
+    root, results = runs
+    result = results["diverged"]
     assert result.returncode == 1
     assert "NaN/inf for 4 updates in a row" in result.stdout
-    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+    assert not list((root / "diverged" / "checkpoints").glob("*.pt"))
 
 
-def test_bad_batch_split_is_refused(tmp_path):
-    result = run_training(tmp_path, "--global-batch-size", "63", "--grad-accum-steps", "2", expect_success=False)
+def test_bad_batch_split_is_refused(runs):
+    _, results = runs
+    result = results["bad_split"]
     assert result.returncode != 0
     assert "--global-batch-size 63 must be divisible" in result.stdout
 
 
-def test_a_finished_run_is_not_overwritten(tmp_path):
-    run_training(tmp_path, "--epochs", "1")
-    before = final_weights(tmp_path)
-    result = run_training(tmp_path, "--epochs", "1", expect_success=False)
+def test_a_finished_run_is_not_overwritten(runs):
+    root, _ = runs
+    before = final_weights(root / "reference")
+    result = run_training(root / "reference", "--epochs", "3", expect_success=False)
     assert result.returncode == 2 and "--resume" in result.stdout
-    assert_same_weights(before, final_weights(tmp_path))
+    assert_same_weights(before, final_weights(root / "reference"))
 
 
-def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path):
-    run_training(tmp_path / "straight", "--epochs", "3")
-    run_training(tmp_path / "crashed", "--epochs", "3", "--stop-after-epoch", "2")
-    newest = tmp_path / "crashed" / "checkpoints" / "epoch-0002.pt"
-    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk lost the end of the file
-    result = run_training(tmp_path / "crashed", "--epochs", "3", "--resume")
+def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(runs):
+    # "crashed" stopped after epoch 2 of 3; the end of epoch-0002.pt was cut off before its resume.
+    root, results = runs
+    result = results["crashed_resume"]
     assert "skipping unreadable checkpoint" in result.stdout
     assert "resumed from epoch 1" in result.stdout
-    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed"))
+    assert_same_weights(final_weights(root / "reference"), final_weights(root / "crashed"))
 
 
-def test_resuming_with_a_changed_learning_rate_is_refused(tmp_path):
-    run_training(tmp_path, "--epochs", "2", "--stop-after-epoch", "1")
-    result = run_training(tmp_path, "--epochs", "2", "--resume", "--lr", "1e-5", expect_success=False)
+def test_resuming_with_a_changed_learning_rate_is_refused(runs):
+    _, results = runs
+    result = results["lr_refused"]
     assert result.returncode == 2
     assert "cannot resume with a changed --lr 1e-05 (the run used 0.003)" in result.stdout
 
 
-def test_resuming_with_a_different_model_is_refused(tmp_path):
-    run_training(tmp_path / "run", "--epochs", "2", "--stop-after-epoch", "1")
-    # A setting of settings.py that changes the network's shape.
-    result = run_training(tmp_path / "run", "--epochs", "2", "--resume", "--hidden-size", "32", expect_success=False)
+def test_resuming_with_a_different_model_is_refused(runs):
+    _, results = runs
+    result = results["model_refused"]
     assert result.returncode == 1
     assert "does not fit the model and optimizer built by model.py" in result.stdout
