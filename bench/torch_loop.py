@@ -8,6 +8,9 @@ project's task, with a larger train split) and the same global batch:
                 the metric logger, validation and checkpoints on; only `train_epoch` is timed
   hand-written  DataLoader(TensorDataset, shuffle=True), AdamW, clip_grad_norm_, loss.mean()
   lightning     lightning.Trainer on CPU, 1 device, no logger, bar, checkpoints or validation
+  no-hook       with --hook-cost: the generated loop from a second render whose engine.py has the
+                after_update hook call deleted; generated / no-hook is what the default (no-op)
+                hooks.py costs on the hot path
 
 Every loop runs one untimed warmup epoch and then --epochs timed ones; the loops take turns
 within each of --rounds rounds (in a rotating order). The table gives, per loop, the median and
@@ -18,6 +21,7 @@ Run from the repository root (about 1 minute on 2 idle CPU cores, up to 3 when t
     .venv/bin/pip install lightning "torch==2.13.0"        # once; keeps torch where it is
     .venv/bin/python bench/torch_loop.py
     .venv/bin/python bench/torch_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
+    .venv/bin/python bench/torch_loop.py --hook-cost --skip-lightning --batch-size 16 --rounds 7
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 TARGET_RATIO = 0.95  # generated / hand-written, as the project states it
+HOOK_CALL = '            self.hook("after_update", self.run)'  # engine.py's call of the per-update hook
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
 
 
@@ -67,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Give the hand-written loop the project's warmup+cosine LambdaLR too (the generated loop always has it).",
     )
     parser.add_argument("--skip-lightning", action="store_true", help="Time only generated and hand-written.")
+    parser.add_argument(
+        "--hook-cost",
+        action="store_true",
+        help="Also time the generated loop without its after_update hook call (deleted from a second render).",
+    )
     parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
     args = parser.parse_args(argv)
     for name in ("epochs", "train_size", "batch_size", "rounds", "threads"):
@@ -78,13 +88,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the rendered project -----------------------------------------------------------------------
 
 
-def render_project(root: Path) -> types.ModuleType:
-    """`looptpl new` a torch/single project under `root` and import its package."""
-    destination = root / "benchproj"
+def render_project(root: Path, name: str = "benchproj", drop_line: str = "") -> types.ModuleType:
+    """`looptpl new` a torch/single project `name` under `root` and import its package; `drop_line`
+    (if given) is deleted from its engine.py first, and must be there."""
+    destination = root / name
     looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
     command = [looptpl, "new", str(destination), "--backend", "torch", "--strategy", "single", "--defaults", "--no-git"]
     subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
+    if drop_line:
+        engine = package_dir / "engine.py"
+        source = engine.read_text()
+        if source.count(drop_line + "\n") != 1:
+            raise RuntimeError(f"engine.py does not hold the line {drop_line.strip()!r} once")
+        engine.write_text(source.replace(drop_line + "\n", ""))
     sys.path.insert(0, str(destination / "src"))
     package = importlib.import_module(package_dir.name)
     for module in ("train", "engine", "config", "data", "model", "optim"):
@@ -147,9 +164,9 @@ class Run:
         return clock.epochs[self.args.warmup_epochs :]
 
 
-def run_generated(run: Run, round_index: int) -> list[tuple[float, float]]:
+def run_generated(run: Run, round_index: int, project: types.ModuleType | None = None) -> list[tuple[float, float]]:
     """The project's `train.main()` with the bigger train split; times `Trainer.train_epoch`."""
-    project, args = run.project, run.args
+    project, args = project or run.project, run.args
     train_module, engine = project.train, project.engine
     clock = EpochClock()
 
@@ -166,7 +183,7 @@ def run_generated(run: Run, round_index: int) -> list[tuple[float, float]]:
             clock.stop()
             return result
 
-    run_dir = run.work / f"runs/generated-{round_index}"
+    run_dir = run.work / f"runs/{project.__name__}-{round_index}"
     argv = [
         "--device", "cpu",
         "--run-dir", str(run_dir),
@@ -275,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="looptpl-bench-"))
     try:
         project = render_project(work)
+        if args.hook_cost:
+            without_hook = render_project(work, "benchnohook", HOOK_CALL)
+            loops["no-hook"] = lambda run, round_index: run_generated(run, round_index, without_hook)
         run = Run(args, project, build_datasets(project, args.train_size), work)
         timings: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in loops}  # [round][epoch]
         names = list(loops)

@@ -171,7 +171,8 @@ class Hooks:
 
     def after_evaluation(self, run, split, results):
         self.record(run, "evaluation", split)
-        return {f"{split}_loss_doubled": 2 * results[f"{split}_loss"]}
+        name = self.config.monitor.removeprefix("val_")  # val_loss, unless settings.py names another
+        return {f"{split}_{name}_doubled": 2 * results[f"{split}_{name}"]}
 
     def on_epoch_end(self, run, record):
         self.record(run, "epoch_end", record["epoch"])

@@ -17,8 +17,7 @@ from conftest import (
     start_training,
     summary,
 )
-
-VAL_SAMPLES, TEST_SAMPLES = 251, 257  # data.py's split sizes: odd on purpose
+from project import final_test, resumed_message, split_sizes
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def runs(tmp_path_factory):
     started = {
         "two": start_training(root / "two", *TRAIN_FLAGS, replicas=2),
         "two_accum": start_training(root / "two_accum", *TRAIN_FLAGS, "--grad-accum-steps", "2", replicas=2),
-        # Stopped part-way through epoch 2 (26 updates an epoch), after a checkpoint at update 30.
+        # Stopped part-way through epoch 2 (26 updates an epoch with the template's data), checkpointed at 30.
         "resumed": start_training(root / "resumed", *stopped, "--stop-after-step", "37", replicas=2),
         # With a zero learning rate the validation loss never improves after the first epoch.
         "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", replicas=2),
@@ -75,17 +74,16 @@ def test_two_replicas_match_one(reference, runs, variant):
 
 def test_evaluation_counts_every_sample_once(reference, runs):
     root, _ = runs
+    _, val_samples, test_samples = split_sizes()
     for record in metrics(root / "two"):
-        assert record["val_samples"] == VAL_SAMPLES
-    result = summary(root / "two")
-    assert result["test_samples"] == TEST_SAMPLES
-    for name in ["test_loss", "test_accuracy"]:
-        assert result[name] == pytest.approx(summary(reference)[name], rel=1e-5)
+        assert record["val_samples"] == val_samples
+    assert final_test(root / "two")["test_samples"] == test_samples
+    assert final_test(root / "two") == pytest.approx(final_test(reference), rel=1e-5)
 
 
 def test_resume_on_two_replicas_matches_an_uninterrupted_run(runs):
     root, results = runs
-    assert "resumed from epoch 1, step 37 (update 11 of epoch 2)" in results["resume"].stdout
+    assert resumed_message(37) in results["resume"].stdout
     assert_same_weights(final_weights(root / "two"), final_weights(root / "resumed"))
     assert metrics(root / "two") == metrics(root / "resumed")
 

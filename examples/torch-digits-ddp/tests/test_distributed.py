@@ -24,9 +24,7 @@ from conftest import (
     summary,
     training_command,
 )
-
-from digits_ddp.config import TrainConfig
-from digits_ddp.data import build_datasets
+from project import split_sizes
 
 # --train-in-eval-mode: dropout (and batch norm) would draw differently on 1 and 2 ranks, so the runs
 # compared here train with those layers as in evaluation; every gradient and update is still exercised.
@@ -68,11 +66,11 @@ def test_two_ranks_match_one_rank(runs, variant):
 
 def test_evaluation_counts_every_sample_once(runs):
     root, _ = runs
-    _, val_set, test_set = build_datasets(TrainConfig())
+    _, val_samples, test_samples = split_sizes()
     # With the template's data the split is odd (251), so one rank evaluates a padded sample.
     for record in metrics(root / "two"):
-        assert record["val_samples"] == len(val_set)
-    assert summary(root / "two")["test_samples"] == len(test_set)
+        assert record["val_samples"] == val_samples
+    assert summary(root / "two")["test_samples"] == test_samples
     for name in [name for name in summary(root / "one") if name.startswith("test_")]:
         assert summary(root / "two")[name] == pytest.approx(summary(root / "one")[name], rel=1e-5)
 

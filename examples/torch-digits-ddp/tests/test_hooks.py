@@ -12,6 +12,10 @@ from conftest import (
     step_records,
     summary,
 )
+from project import (
+    project_settings,
+    updates_per_epoch,
+)
 
 FLAGS = ("--epochs", "2", "--log-every", "5", "--checkpoint-every", "5")
 
@@ -34,18 +38,21 @@ def hooked_runs(tmp_path_factory):
 
 
 def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(hooked_runs):
+    per_epoch = updates_per_epoch()
     expected = [["run_start", 0, 0]]
-    for epoch in (1, 2):  # 16 updates each
+    for epoch in (1, 2):
         expected.append(["epoch_start", epoch])
-        for done in range(1, 17):
-            expected.append(["update", (epoch - 1) * 16 + done])
-            if done % 5 == 0 or done == 16:
-                expected.append(["log", (epoch - 1) * 16 + done])
+        for done in range(1, per_epoch + 1):
+            expected.append(["update", (epoch - 1) * per_epoch + done])
+            if done % 5 == 0 or done == per_epoch:
+                expected.append(["log", (epoch - 1) * per_epoch + done])
         expected += [["evaluation", "val"], ["epoch_end", epoch]]
-    assert hook_calls(hooked_runs / "straight") == [*expected, ["evaluation", "test"], ["run_end", 32]]
+    assert hook_calls(hooked_runs / "straight") == [*expected, ["evaluation", "test"], ["run_end", 2 * per_epoch]]
+    monitor = project_settings().monitor  # the hooks double it: val_loss, unless settings.py names another
     for record in metrics(hooked_runs / "straight"):
-        assert record["val_loss_doubled"] == 2 * record["val_loss"]
-    assert summary(hooked_runs / "straight")["test_loss_doubled"] == 2 * summary(hooked_runs / "straight")["test_loss"]
+        assert record[f"{monitor}_doubled"] == 2 * record[monitor]
+    tested, name = summary(hooked_runs / "straight"), monitor.removeprefix("val_")
+    assert tested[f"test_{name}_doubled"] == 2 * tested[f"test_{name}"]
     steps = step_records(hooked_runs / "straight")
     assert [record["updates_counted"] for record in steps] == [record["step"] for record in steps]
     # Stopped part-way through epoch 2 and resumed: the hooks' count continues from the checkpoint.
@@ -65,8 +72,8 @@ def test_a_hook_ends_the_run_at_the_next_log_boundary(hooked_runs):
 def test_a_mistake_in_a_hook_is_one_line(tmp_path):
     # after_evaluation returns a value under a name the results already hold.
     last_return = "        return {}\n\n    def on_epoch_end"
-    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", "{'val_loss': 0.0}"))
+    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", "{'val_samples': 0}"))
     result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
     assert result.returncode == 1
-    assert "hooks.py: after_evaluation must return a dict of new names, got ['val_loss']" in result.stdout
+    assert "hooks.py: after_evaluation must return a dict of new names, got ['val_samples']" in result.stdout
     assert "Traceback" not in result.stdout

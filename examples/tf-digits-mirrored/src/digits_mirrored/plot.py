@@ -1,7 +1,7 @@
 """Plot a run's curves: `python -m digits_mirrored.plot RUN_DIR`. Managed by the looptpl template.
 
-Writes RUN_DIR/plots/loss.png (train and validation loss per epoch) and one PNG per other
-validation metric. Needs matplotlib: `pip install -e ".[plot]"`.
+Writes RUN_DIR/plots/loss.png (every training and validation loss per epoch) and one PNG per
+other validation metric. Needs matplotlib: `pip install -e ".[plot]"`.
 """
 
 import argparse
@@ -29,9 +29,11 @@ def plot(run_dir: Path) -> list[Path]:
         raise SystemExit('error: plotting needs matplotlib; run `pip install -e ".[plot]"`') from None
     records = load_records(run_dir)
     epochs = [record["epoch"] for record in records]
-    panels = {"loss": ["train_loss", "val_loss"]}
+    # One loss, or one per stage of a step with several models (train_generator_loss, ...).
+    losses = [name for name in records[0] if name.startswith(("train_", "val_")) and name.endswith("_loss")]
+    panels = {"loss": losses} if losses else {}
     for name in records[0]:
-        if name.startswith("val_") and name not in ("val_loss", "val_samples"):
+        if name.startswith("val_") and name not in losses and name != "val_samples":
             panels[name.removeprefix("val_")] = [name]
     output = run_dir / "plots"
     output.mkdir(exist_ok=True)

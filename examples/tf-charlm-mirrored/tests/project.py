@@ -1,0 +1,56 @@
+"""What the tests read from your project: its settings, its data's sizes, the names of its losses.
+
+The tests compare runs with what your settings.py and data.py make of them, not with the
+template's placeholder numbers, so they keep testing your project once you have filled it in.
+"""
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+@functools.cache
+def project_settings() -> Any:
+    """The project's TrainConfig as a run without flags gets it: settings.py's values over the template's."""
+    from charlm_mirrored.config import parse_config  # imported here, once src/ is on the path
+
+    return parse_config([])
+
+
+@functools.cache
+def split_sizes() -> tuple[int, ...]:
+    """The numbers of samples in the (train, validation, test) splits that data.py builds."""
+    from charlm_mirrored.data import build_datasets
+
+    return tuple(int(split.cardinality()) for split in build_datasets(project_settings()))
+
+
+def updates_per_epoch(global_batch_size: int = 40) -> int:
+    """Optimizer updates in an epoch at TRAIN_FLAGS' global batch; the short last batch is kept."""
+    return math.ceil(split_sizes()[0] / global_batch_size)
+
+
+def resumed_message(step: int) -> str:
+    """What a run resumed from a checkpoint after update `step` prints, with TRAIN_FLAGS' batches."""
+    epochs, update = divmod(step, updates_per_epoch())
+    return f"resumed from epoch {epochs}, step {step} (update {update} of epoch {epochs + 1})"
+
+
+def monitored_improved(records: list[dict[str, Any]]) -> bool:
+    """Whether the --monitor metric (val_loss, unless settings.py names another) ended better than epoch 1."""
+    settings = project_settings()
+    first, last = records[0][settings.monitor], records[-1][settings.monitor]
+    return bool(last < first) if settings.monitor_mode == "min" else bool(last > first)
+
+
+def losses(record: dict[str, Any]) -> list[str]:
+    """The losses a record holds: train_loss and val_loss, or one per optimizer (train_generator_loss)."""
+    return [name for name in record if name.endswith("_loss")]
+
+
+def final_test(run_dir: Path) -> dict[str, Any]:
+    """The final test's results in summary.json: test_loss, test_accuracy, test_samples, ..."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {name: value for name, value in summary.items() if name.startswith("test_")}
