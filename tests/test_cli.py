@@ -51,16 +51,20 @@ def test_new_renders_a_git_project_and_says_what_to_run(tmp_path):
     assert status.stdout == ""  # everything generated is committed
 
 
-def test_new_without_git_and_with_name_and_data(tmp_path):
+def test_new_without_git_or_ci_and_with_name_and_data(tmp_path):
     destination = tmp_path / "folder"
     result = looptpl(
         "new", str(destination), "--backend", "torch", "--strategy", "single", "--name", "vision-net", "--no-git",
-        "--data", "description=Classifies images",
+        "--no-ci", "--data", "description=Classifies images",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert not (destination / ".git").exists()
     assert (destination / "src" / "vision_net" / "train.py").is_file()
     assert "Classifies images" in (destination / "README.md").read_text()
+    # --no-ci: no workflow, no pre-commit config, no word of them in the README; the answer is kept for updates.
+    assert not (destination / ".github").exists() and not (destination / ".pre-commit-config.yaml").exists()
+    assert "ci.yml" not in (destination / "README.md").read_text()
+    assert answers(destination)["ci"] is False
 
 
 def test_dry_run_writes_nothing(tmp_path):

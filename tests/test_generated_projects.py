@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import REPO_ROOT, in_parallel, looptpl, run, user_files
 
 from looptpl.variants import VARIANTS
@@ -48,10 +49,14 @@ def test_rendered_project_is_lint_and_type_clean_without_template_leftovers(proj
             text = path.read_text()
             assert "{{" not in text and "{%" not in text, path
             assert len(text.splitlines()) <= 300, f"{path} is longer than 300 lines"
-    # The project's own pyproject.toml configures ruff and mypy; a shared mypy cache keeps this quick.
+    # The checks of the project's CI workflow, run here: the project passes them from its first push.
+    # Its own pyproject.toml configures ruff and mypy; a shared mypy cache keeps this quick.
+    steps = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())["jobs"]["check"]["steps"]
+    commands = [step["run"] for step in steps if "run" in step and "pip install" not in step["run"]]
+    assert commands == ["ruff check .", "ruff format --check .", "mypy", "python -m pytest"]
     cache = {"MYPY_CACHE_DIR": str(project.parent / ".mypy_cache")}
-    for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]):
-        result = run([sys.executable, "-m", *command], cwd=project, timeout=300, env=cache)
+    for command in commands[:-1]:  # the tests run in test_generated_project_passes_its_own_tests
+        result = run([sys.executable, "-m", *command.split()], cwd=project, timeout=300, env=cache)
         assert result.returncode == 0, result.stdout
 
 

@@ -133,6 +133,14 @@ def new(
     git: Annotated[
         bool, typer.Option("--git/--no-git", help="Create a git repository with an initial commit (needed by updates).")
     ] = True,
+    ci: Annotated[
+        bool,
+        typer.Option(
+            "--ci/--no-ci",
+            help="Add .github/workflows/ci.yml (ruff, mypy and the project's tests on every push) and a pre-commit "
+            "config.",
+        ),
+    ] = True,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the files that would be created; write nothing.")
     ] = False,
@@ -169,7 +177,7 @@ def new(
     enclosing = enclosing_repository(nearest_existing_parent(folder)) if git and not dry_run else None
     request = RenderRequest(
         destination=folder,
-        answers=answers,
+        answers={**answers, "ci": "true" if ci else "false"},
         git=git and enclosing is None,
         dry_run=dry_run,
         example=chosen,
