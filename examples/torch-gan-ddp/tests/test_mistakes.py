@@ -21,7 +21,7 @@ from project import (
     split_sizes,
 )
 
-from gan_ddp.config import TrainConfig
+from gan_ddp.config import TrainConfig, parse_config
 from gan_ddp.errors import ConfigError
 
 SPLITS = "    return make_split(1003), make_split(251), make_split(257)"
@@ -231,3 +231,44 @@ def test_an_unknown_flag_is_refused(mistakes):
     result = outcome(mistakes, "unknown_flag")
     assert result.returncode == 2
     assert "unrecognized arguments: --epoch" in result.stdout
+
+
+# A line of a --config file: the message that refuses it.
+CONFIG_FILE_MISTAKES = {
+    'epochs = "ten"': "epochs must be a whole number, got 'ten'",
+    "epochs = true": "epochs must be a whole number, got True",
+    "lr = nan": "lr must be a finite number, got nan",
+    'precision = "fp8"': "precision must be one of 'fp32', 'bf16', 'fp16', got 'fp8'",
+    "epoch = 3": "'epoch' is no flag; its keys are the flags of --help, without the dashes",
+    'config = "other.toml"': "'config' is no flag",
+    "epochs = ": "is not valid TOML",
+}
+
+
+def test_a_config_file_sets_flags_and_the_command_line_wins(tmp_path):
+    path = tmp_path / "base.toml"
+    path.write_text('epochs = 7\nglobal-batch-size = 32\nlr = 1\nprecision = "bf16"\nprogress = false\n')
+    from_file = parse_config(["--config", str(path)])
+    assert (from_file.epochs, from_file.global_batch_size) == (7, 32)
+    assert (from_file.precision, from_file.progress) == ("bf16", False)
+    assert from_file.lr == 1.0 and isinstance(from_file.lr, float)
+    assert from_file.config == str(path)  # config.json records the file
+    overridden = parse_config(["--epochs", "2", "--config", str(path), "--lr", "0.02"])
+    assert (overridden.epochs, overridden.lr, overridden.global_batch_size) == (2, 0.02, 32)
+
+
+@pytest.mark.parametrize(("line", "message"), CONFIG_FILE_MISTAKES.items())
+def test_a_mistake_in_a_config_file_is_one_line_naming_the_file(tmp_path, capsys, line, message):
+    path = tmp_path / "base.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(SystemExit) as exit_status:
+        parse_config(["--config", str(path)])
+    assert exit_status.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{path}" in error and message in error and "Traceback" not in error
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--config", str(tmp_path / "missing.toml")])
+    assert f"--config {tmp_path / 'missing.toml'}: no such file" in capsys.readouterr().err

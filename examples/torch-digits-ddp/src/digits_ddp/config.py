@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .config_file import read_config_file
 from .errors import ConfigError
 from .settings import DEFAULTS, Settings
 
@@ -21,6 +22,10 @@ class TrainConfig(Settings):
     command-line flag: `global_batch_size` is `--global-batch-size`, and a boolean `progress` is
     switched off with `--no-progress`."""
 
+    config: str = field(
+        default="",
+        metadata={"help": "A TOML file of flags, without their dashes (epochs = 20); a flag given here wins."},
+    )
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
     max_steps: int = field(
         default=0,
@@ -208,10 +213,19 @@ def flag(name: str) -> str:
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from the command line (every field is a flag) and validate it.
 
-    settings.py's DEFAULTS replace the template's defaults; a flag given on the command line wins.
+    settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
+    given on the command line wins.
     """
     parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
     types = typing.get_type_hints(TrainConfig)
+    # The --config file first: its values become the defaults that the other flags override.
+    config_file = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    config_file.add_argument("--config", default="")
+    path = config_file.parse_known_args(argv)[0].config
+    try:
+        from_file = read_config_file(path, types) if path else {}
+    except ConfigError as error:
+        parser.error(str(error))
     template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
     clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
     if clashes:
@@ -221,7 +235,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
     for item in dataclasses.fields(TrainConfig):
         kind, help_text = types[item.name], item.metadata.get("help", "")
-        default = DEFAULTS.get(item.name, item.default)
+        default = from_file.get(item.name, DEFAULTS.get(item.name, item.default))
         if item.name in DEFAULTS and item.name in template_fields:
             help_text += " (settings.py sets the default)"
         if kind is bool:
