@@ -172,3 +172,20 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "test@localhost",
     "PATH": os.environ["PATH"],
 }
+
+
+# Files that are one idea in both backends, kept as two byte-identical copies (one per template
+# tree, so each renders on its own): a fix to one must reach the other.
+TWINS = [
+    ".gitignore",
+    "{{_copier_conf.answers_file}}.jinja",
+    "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
+    "src/{{package_name}}/plot.py.jinja",
+    "src/{{package_name}}/config_file.py",
+]
+
+
+@pytest.mark.parametrize("path", TWINS)
+def test_backend_twins_stay_identical(path):
+    torch_copy, tensorflow_copy = (REPO_ROOT / "templates" / backend / path for backend in ("torch", "tensorflow"))
+    assert torch_copy.read_bytes() == tensorflow_copy.read_bytes(), f"templates/*/{path} differ: change both"
