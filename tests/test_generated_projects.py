@@ -182,6 +182,7 @@ TWINS = [
     "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
     "src/{{package_name}}/plot.py.jinja",
     "src/{{package_name}}/config_file.py",
+    "tests/test_no_conflict_markers.py",
 ]
 
 

@@ -258,12 +258,21 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
 
     install(V2)
     preview = looptpl("update", str(project), "--dry-run")
-    assert preview.exit_code == 0 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
+    assert preview.exit_code == 1 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
+    assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
     assert git(project, "status", "--porcelain") == ""
 
     result = looptpl("update", str(project))
     assert result.exit_code == 1
     assert result.stderr.strip() == "1 file(s) need attention: src/proj/engine.py"
+    # A user of plain `copier update` is told too: the project's own tests name the file.
+    leftovers = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_no_conflict_markers.py"],
+        cwd=project,
+        timeout=300,
+    )
+    assert leftovers.returncode == 1
+    assert "src/proj/engine.py:" in leftovers.stdout and "conflict markers" in leftovers.stdout
     merged = engine.read_text()
     assert "<<<<<<< before updating" in merged and ">>>>>>> after updating" in merged
     assert template_line in merged.splitlines()

@@ -285,8 +285,9 @@ def update(
         return
     report_update(path, outcome, conflict, dry_run)
     attention = [*outcome.conflicts, *outcome.deleted]
-    if attention and not dry_run:
-        typer.echo(f"{len(attention)} file(s) need attention: {', '.join(attention)}", err=True)
+    if attention:  # a dry run that foresees a conflict fails too, so a script or CI job notices
+        need = "would need" if dry_run else "need"
+        typer.echo(f"{len(attention)} file(s) {need} attention: {', '.join(attention)}", err=True)
         raise typer.Exit(1)
 
 
