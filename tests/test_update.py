@@ -260,11 +260,15 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     preview = looptpl("update", str(project), "--dry-run")
     assert preview.exit_code == 1 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
     assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
+    # data.py is the user's: an update keeps it as it is, and shows what the template changed in its own.
+    assert "+++ src/proj/data.py (template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
     assert git(project, "status", "--porcelain") == ""
 
     result = looptpl("update", str(project))
     assert result.exit_code == 1
     assert result.stderr.strip() == "1 file(s) need attention: src/proj/engine.py"
+    assert f"+{USER_FILE_CHANGE}" in result.stdout
+    assert USER_FILE_CHANGE not in (project / "src" / "proj" / "data.py").read_text()
     # A user of plain `copier update` is told too: the project's own tests name the file.
     leftovers = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_no_conflict_markers.py"],

@@ -315,6 +315,12 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
         typer.echo(f"Resolve them ({fix}), review with `git diff`, then commit.")
     else:
         typer.echo("Review with `git diff`, then commit (or undo it with `git reset --hard && git clean -fd`).")
+    if outcome.owned_changes:
+        typer.echo(
+            "The template changed its own version of files you own, which an update leaves as you wrote them; "
+            "apply what you want of these changes by hand:"
+        )
+        typer.echo("\n".join(diff.rstrip("\n") for diff in outcome.owned_changes))
 
 
 @app.command()

@@ -6,6 +6,7 @@ hunks get conflict markers or `.rej` files. This module decides what "new" is, r
 merge safely before anything is touched, runs copier, and reports the files that need attention.
 """
 
+import difflib
 import re
 import tempfile
 import warnings
@@ -52,6 +53,8 @@ class Outcome:
     conflicts: list[str] = field(default_factory=list)  # files with conflict markers, or with a `.rej` beside them
     deleted: list[str] = field(default_factory=list)  # generated files the user deleted: the update left them deleted
     generated_in: str = ""  # the commit that added the project (to restore a deleted file from)
+    # The template's changes to its own version of files the user owns (kept as they are): unified diffs.
+    owned_changes: list[str] = field(default_factory=list)
 
 
 def plan_update(project: Path) -> Plan:
@@ -98,16 +101,49 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
                 _run_copier(copy, plan.template.ref, conflict)
-            return _with_deleted(_outcome(plan, copy), copy, missing, first)
-    try:
-        with phase(f"{merging}..."):
-            _run_copier(project, plan.template.ref, conflict)
-    except BaseException:
-        # The tree was clean before: putting back HEAD undoes the partial update exactly.
-        git("reset", "--hard", "--quiet", "HEAD", cwd=top)
-        git("clean", "-d", "--force", "--quiet", cwd=top)
-        raise
-    return _with_deleted(_outcome(plan, project), project, missing, first)
+            outcome = _with_deleted(_outcome(plan, copy), copy, missing, first)
+    else:
+        try:
+            with phase(f"{merging}..."):
+                _run_copier(project, plan.template.ref, conflict)
+        except BaseException:
+            # The tree was clean before: putting back HEAD undoes the partial update exactly.
+            git("reset", "--hard", "--quiet", "HEAD", cwd=top)
+            git("clean", "-d", "--force", "--quiet", cwd=top)
+            raise
+        outcome = _with_deleted(_outcome(plan, project), project, missing, first)
+    with phase("Comparing the template's versions of the files you own..."):
+        owned = _owned_changes(plan, answers)
+    return Outcome(outcome.plan, outcome.changed, outcome.conflicts, outcome.deleted, outcome.generated_in, owned)
+
+
+def _owned_changes(plan: Plan, answers: dict[str, Any]) -> list[str]:
+    """Unified diffs of the template's own versions of the user-owned files, from the project's template
+    version to the new one: an update keeps the user's files as they are, so a changed default (a
+    fixed epsilon in optim.py, say) would never arrive without the user applying it by hand."""
+    import copier  # slow to import; only updates need it
+
+    data = {key: value for key, value in answers.items() if not key.startswith("_")}
+    config = yaml.safe_load(git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path))
+    owned = [entry.replace("{{ package_name }}", data["package_name"]) for entry in config["_skip_if_exists"]]
+    diffs = []
+    with tempfile.TemporaryDirectory(prefix="looptpl-owned-") as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
+        for side, ref in (("old", plan.current), ("new", plan.template.ref)):
+            copier.run_copy(
+                str(plan.template.path), Path(scratch) / side, data=data, vcs_ref=ref, defaults=True, quiet=True
+            )
+        for name in owned:
+            old, new = (Path(scratch) / side / name for side in ("old", "new"))
+            if old.is_file() and new.is_file() and old.read_text() != new.read_text():
+                diff = difflib.unified_diff(
+                    old.read_text().splitlines(keepends=True),
+                    new.read_text().splitlines(keepends=True),
+                    f"{name} (template {plan.current})",
+                    f"{name} (template {plan.template.label})",
+                )
+                diffs.append("".join(diff))
+    return diffs
 
 
 def read_answers(project: Path) -> dict[str, Any]:

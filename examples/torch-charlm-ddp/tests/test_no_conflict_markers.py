@@ -35,5 +35,5 @@ def test_no_file_holds_conflict_markers():
                 break
     assert not clashes, (
         f"conflict markers left by an update in {', '.join(clashes)}: keep what you need of each side, "
-        "delete the <<<<<<< / ======= / >>>>>>> lines, and commit"
+        "delete the marker lines, and commit"
     )
