@@ -205,7 +205,7 @@ def test_update_names_a_deleted_engine_file_it_left_deleted(generated):
     git(generated, "rm", "-q", "src/proj/engine.py")
     git(generated, "commit", "-qm", "Delete the engine")
     result = looptpl("update", str(generated))
-    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
     assert "You deleted these generated files, so the update left them deleted" in result.stdout
     assert "  src/proj/engine.py" in result.stdout
     assert "need attention: src/proj/engine.py" in result.stderr

@@ -258,14 +258,14 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
 
     install(V2)
     preview = looptpl("update", str(project), "--dry-run")
-    assert preview.exit_code == 1 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
+    assert preview.exit_code == 3 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
     assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
     # data.py is the user's: an update keeps it as it is, and shows what the template changed in its own.
     assert "+++ src/proj/data.py (template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
     assert git(project, "status", "--porcelain") == ""
 
     result = looptpl("update", str(project))
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert result.stderr.strip() == "1 file(s) need attention: src/proj/engine.py"
     assert f"+{USER_FILE_CHANGE}" in result.stdout
     assert USER_FILE_CHANGE not in (project / "src" / "proj" / "data.py").read_text()
@@ -277,6 +277,8 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     )
     assert leftovers.returncode == 1
     assert "src/proj/engine.py:" in leftovers.stdout and "conflict markers" in leftovers.stdout
+    unfinished = looptpl("check", str(project))
+    assert unfinished.exit_code == 3 and "conflict markers in src/proj/engine.py;" in unfinished.stderr
     merged = engine.read_text()
     assert "<<<<<<< before updating" in merged and ">>>>>>> after updating" in merged
     assert template_line in merged.splitlines()
@@ -287,7 +289,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     git(project, "reset", "--hard", "-q")  # undo, as the output says, and ask for .rej files instead
     git(project, "clean", "-fdq")
     result = looptpl("update", str(project), "--conflict", "rej")
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert "src/proj/engine.py" in result.stderr and ".rej" in result.stdout
     assert template_line in engine.read_text().splitlines() and "<<<<<<<" not in engine.read_text()
     assert "+" + lines[index] in (project / "src" / "proj" / "engine.py.rej").read_text().splitlines()

@@ -29,6 +29,9 @@ app = typer.Typer(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+# The exit status of an update that left (or a dry run that foresees) conflicts, and of `check` while markers
+# remain: distinct from 1 (an error, or a newer template) so that scripts can tell them apart.
+NEEDS_ATTENTION = 3
 
 
 def reports_errors(command: F) -> F:
@@ -276,7 +279,7 @@ def update(
         ),
     ] = Conflict.inline,
 ) -> None:
-    """Merge the installed looptpl's template into a project, keeping your edits; exit 1 if files need attention."""
+    """Merge the installed looptpl's template into a project, keeping your edits; exit 3 if files need attention."""
     from looptpl.update import Status, update_project
 
     outcome = update_project(path, conflict, dry_run)  # shows its phases on stderr in a terminal
@@ -288,7 +291,7 @@ def update(
     if attention:  # a dry run that foresees a conflict fails too, so a script or CI job notices
         need = "would need" if dry_run else "need"
         typer.echo(f"{len(attention)} file(s) {need} attention: {', '.join(attention)}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(NEEDS_ATTENTION)
 
 
 def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool) -> None:
@@ -328,10 +331,19 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
 def check(
     path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
 ) -> None:
-    """Tell whether this looptpl has a newer template than a project; exit 1 when the two differ (for CI)."""
-    from looptpl.update import Status, plan_update
+    """Tell whether this looptpl has a newer template than a project; exit 1 when the two differ (for CI), 3 while
+    files still hold the conflict markers of an update."""
+    from looptpl.update import Status, files_with_markers, plan_update
 
     plan = plan_update(path)
+    unfinished = files_with_markers(path)
+    if unfinished:
+        typer.echo(
+            f"{path} has an unfinished update: conflict markers in {', '.join(unfinished)}; keep what you need of "
+            "each side, delete the marker lines, and commit",
+            err=True,
+        )
+        raise typer.Exit(NEEDS_ATTENTION)
     ours = f"this looptpl's template ({plan.template.label})"
     if plan.status is Status.CURRENT:
         typer.echo(f"{path} is up to date with {ours}.")

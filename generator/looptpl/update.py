@@ -359,6 +359,12 @@ def _outcome(plan: Plan, project: Path) -> Outcome:
     return Outcome(plan, changed, sorted(conflicts))
 
 
+def files_with_markers(project: Path) -> list[str]:
+    """The project's files (tracked, or new and not ignored) that hold conflict markers: an unfinished merge."""
+    listed = git("ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=project, check=False)
+    return sorted({name for name in listed.split("\0") if name and _has_markers(project / name)})
+
+
 def _has_markers(path: Path) -> bool:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
