@@ -261,7 +261,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     assert preview.exit_code == 3 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
     assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
     # data.py is the user's: an update keeps it as it is, and shows what the template changed in its own.
-    assert "+++ src/proj/data.py (template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
+    assert "+++ src/proj/data.py\t(template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
     assert git(project, "status", "--porcelain") == ""
 
     result = looptpl("update", str(project))
@@ -516,3 +516,34 @@ def test_installed_wheel_upgrade_then_update(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert_updated_with_every_edit_kept(project, filled)
     assert git(home / ".local" / "share" / "looptpl" / "template", "tag").split() == [V1, V2]
+
+
+def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")  # single
+    package = project / "src" / "proj"
+    model = package / "model.py"
+    model.write_text(model.read_text().replace("# TODO(model)", "# DONE(model)"))
+    git(project, "commit", "-qam", "My model")
+    mine = model.read_text()
+
+    refused = looptpl("update", str(project), "--strategy", "mirrored")
+    assert refused.exit_code == 2 and "a tensorflow strategy and this project is torch code" in refused.stderr
+    result = looptpl("update", str(project), "--strategy", "fsdp")  # at the same template version
+    assert result.exit_code == 0, result.stderr
+    assert "switching to the fsdp strategy" in result.stdout
+    assert answers(project)["strategy"] == "fsdp"
+    assert "fully_shard" in (package / "distributed.py").read_text()  # the engine follows
+    assert model.read_text() == mine  # yours, untouched
+    train = [sys.executable, "-m", "proj.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
+    environment = {**os.environ, "PYTHONPATH": str(project / "src")}
+    before = run([*train, "--run-dir", str(tmp_path / "before")], cwd=project, timeout=300, env=environment)
+    assert before.returncode != 0 and "shard_units" in before.stdout
+
+    # The update showed what the fsdp engine needs from model.py, as a diff the user can apply.
+    diff = result.stdout[result.stdout.index("--- src/proj/model.py") :]
+    (tmp_path / "model.diff").write_text(diff.split("\n--- ", 1)[0] + "\n")
+    assert "+def shard_units(model: nn.Module)" in diff
+    git(project, "apply", "-p0", str(tmp_path / "model.diff"))
+    after = run([*train, "--run-dir", str(tmp_path / "after")], cwd=project, timeout=300, env=environment)
+    assert after.returncode == 0, after.stdout

@@ -278,15 +278,23 @@ def update(
             "or a .rej file beside it."
         ),
     ] = Conflict.inline,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Switch the project to this strategy of its backend (single -> ddp, say) while updating; the engine "
+            "files follow, your files stay yours, and what they newly need is shown as a diff.",
+            autocompletion=complete_strategy,
+        ),
+    ] = None,
 ) -> None:
     """Merge the installed looptpl's template into a project, keeping your edits; exit 3 if files need attention."""
     from looptpl.update import Status, update_project
 
-    outcome = update_project(path, conflict, dry_run)  # shows its phases on stderr in a terminal
-    if outcome.plan.status is Status.CURRENT:
+    outcome = update_project(path, conflict, dry_run, strategy)  # shows its phases on stderr in a terminal
+    if outcome.plan.status is Status.CURRENT and not outcome.changed:
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
-    report_update(path, outcome, conflict, dry_run)
+    report_update(path, outcome, conflict, dry_run, strategy)
     attention = [*outcome.conflicts, *outcome.deleted]
     if attention:  # a dry run that foresees a conflict fails too, so a script or CI job notices
         need = "would need" if dry_run else "need"
@@ -294,10 +302,13 @@ def update(
         raise typer.Exit(NEEDS_ATTENTION)
 
 
-def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool) -> None:
+def report_update(
+    path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool, strategy: str | None = None
+) -> None:
     """List the changed files, the ones that clash with the user's edits, and what to do next."""
     action = "Would update" if dry_run else "Updated"
-    typer.echo(f"{action} {path} from template {outcome.plan.current} to {outcome.plan.template.label}:")
+    switch = f", switching to the {strategy} strategy" if strategy else ""
+    typer.echo(f"{action} {path} from template {outcome.plan.current} to {outcome.plan.template.label}{switch}:")
     typer.echo("\n".join(f"  {line}" for line in outcome.changed) or "  (no file changes)")
     inline = conflict is Conflict.inline
     if outcome.conflicts:

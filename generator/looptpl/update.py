@@ -25,7 +25,7 @@ from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
 from looptpl.validation import description_problem, package_name_problem, project_name_problem
-from looptpl.variants import BACKENDS, strategies
+from looptpl.variants import BACKENDS, backend_of, strategies
 
 ANSWERS = ".copier-answers.yml"
 REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
@@ -76,9 +76,13 @@ def plan_update(project: Path) -> Plan:
     return Plan(project, template, current, status)
 
 
-def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run: bool = False) -> Outcome:
-    """Update the project in place (or, with dry_run, a throwaway clone of it) and report the result."""
+def update_project(
+    project: Path, conflict: Conflict = Conflict.inline, dry_run: bool = False, strategy: str | None = None
+) -> Outcome:
+    """Update the project in place (or, with dry_run, a throwaway clone of it) and report the result; with
+    `strategy`, switch the project to that strategy of its backend at the same time."""
     answers = read_answers(project)
+    changes = _strategy_change(answers, strategy)
     top = _check_repository(project)
     plan = plan_update(project)
     if plan.status is Status.NEWER:
@@ -87,7 +91,7 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
             f"{project} uses template {plan.current}, newer than this looptpl's {plan.template.label}; downgrades are "
             f"not supported: upgrade looptpl ({fix})"
         )
-    if plan.status is Status.CURRENT:
+    if plan.status is Status.CURRENT and not changes:
         return Outcome(plan)
     _check_package(project, answers)
     first = _generation_commit(project)
@@ -100,12 +104,12 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
                 git("clone", "--quiet", "--", str(top), scratch, cwd=top)
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
-                _run_copier(copy, plan.template.ref, conflict)
+                _run_copier(copy, plan.template.ref, conflict, changes)
             outcome = _with_deleted(_outcome(plan, copy), copy, missing, first)
     else:
         try:
             with phase(f"{merging}..."):
-                _run_copier(project, plan.template.ref, conflict)
+                _run_copier(project, plan.template.ref, conflict, changes)
         except BaseException:
             # The tree was clean before: putting back HEAD undoes the partial update exactly.
             git("reset", "--hard", "--quiet", "HEAD", cwd=top)
@@ -113,14 +117,35 @@ def update_project(project: Path, conflict: Conflict = Conflict.inline, dry_run:
             raise
         outcome = _with_deleted(_outcome(plan, project), project, missing, first)
     with phase("Comparing the template's versions of the files you own..."):
-        owned = _owned_changes(plan, answers)
+        owned = _owned_changes(plan, answers, changes)
     return Outcome(outcome.plan, outcome.changed, outcome.conflicts, outcome.deleted, outcome.generated_in, owned)
 
 
-def _owned_changes(plan: Plan, answers: dict[str, Any]) -> list[str]:
+def _strategy_change(answers: dict[str, Any], strategy: str | None) -> dict[str, str]:
+    """The answer to change for `--strategy` (none if it is the project's already), or an error for another
+    backend's strategy or an unknown one."""
+    backend = answers["backend"]
+    if strategy is None or strategy == answers["strategy"]:
+        return {}
+    if strategy not in strategies(backend):
+        other = backend_of(strategy)
+        if other is None:
+            raise LooptplError(
+                f"--strategy {strategy} is not a strategy; choose one of: {', '.join(strategies(backend))}"
+            )
+        raise LooptplError(
+            f"--strategy {strategy} is a {other} strategy and this project is {backend} code: a backend switch "
+            f"rewrites every file you own, which an update never does; start a new project (looptpl new DEST "
+            f"--strategy {strategy}) and move your model, data and step over"
+        )
+    return {"strategy": strategy}
+
+
+def _owned_changes(plan: Plan, answers: dict[str, Any], changes: dict[str, str]) -> list[str]:
     """Unified diffs of the template's own versions of the user-owned files, from the project's template
-    version to the new one: an update keeps the user's files as they are, so a changed default (a
-    fixed epsilon in optim.py, say) would never arrive without the user applying it by hand."""
+    version (and answers) to the new one: an update keeps the user's files as they are, so a changed
+    default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
+    shard_units in model.py), would never arrive without the user applying it by hand."""
     import copier  # slow to import; only updates need it
 
     data = {key: value for key, value in answers.items() if not key.startswith("_")}
@@ -129,9 +154,9 @@ def _owned_changes(plan: Plan, answers: dict[str, Any]) -> list[str]:
     diffs = []
     with tempfile.TemporaryDirectory(prefix="looptpl-owned-") as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
-        for side, ref in (("old", plan.current), ("new", plan.template.ref)):
+        for side, ref, values in (("old", plan.current, data), ("new", plan.template.ref, {**data, **changes})):
             copier.run_copy(
-                str(plan.template.path), Path(scratch) / side, data=data, vcs_ref=ref, defaults=True, quiet=True
+                str(plan.template.path), Path(scratch) / side, data=values, vcs_ref=ref, defaults=True, quiet=True
             )
         for name in owned:
             old, new = (Path(scratch) / side / name for side in ("old", "new"))
@@ -139,8 +164,10 @@ def _owned_changes(plan: Plan, answers: dict[str, Any]) -> list[str]:
                 diff = difflib.unified_diff(
                     old.read_text().splitlines(keepends=True),
                     new.read_text().splitlines(keepends=True),
-                    f"{name} (template {plan.current})",
-                    f"{name} (template {plan.template.label})",
+                    name,
+                    name,
+                    f"(template {plan.current})",  # after a tab: `patch -p0` and `git apply -p0` read the name
+                    f"(template {plan.template.label})",
                 )
                 diffs.append("".join(diff))
     return diffs
@@ -313,7 +340,7 @@ def _check_repository(project: Path) -> Path:
     return Path(top)
 
 
-def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
+def _run_copier(project: Path, ref: str, conflict: Conflict, changes: dict[str, str]) -> None:
     import copier  # slow to import; only updates need it
     from copier.errors import CopierError
     from plumbum import local  # copier runs git through plumbum, whose environment is set here
@@ -326,6 +353,7 @@ def _run_copier(project: Path, ref: str, conflict: Conflict) -> None:
             copier.run_update(
                 project,
                 vcs_ref=ref,
+                data=changes,
                 defaults=True,
                 overwrite=True,
                 skip_answered=True,
