@@ -278,7 +278,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     assert leftovers.returncode == 1
     assert "src/proj/engine.py:" in leftovers.stdout and "conflict markers" in leftovers.stdout
     unfinished = looptpl("check", str(project))
-    assert unfinished.exit_code == 3 and "conflict markers in src/proj/engine.py;" in unfinished.stderr
+    assert unfinished.exit_code == 3 and "conflict markers or a .rej file for src/proj/engine.py;" in unfinished.stderr
     merged = engine.read_text()
     assert "<<<<<<< before updating" in merged and ">>>>>>> after updating" in merged
     assert template_line in merged.splitlines()
@@ -291,6 +291,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     result = looptpl("update", str(project), "--conflict", "rej")
     assert result.exit_code == 3
     assert "src/proj/engine.py" in result.stderr and ".rej" in result.stdout
+    assert looptpl("check", str(project)).exit_code == 3  # the .rej file marks the update unfinished
     assert template_line in engine.read_text().splitlines() and "<<<<<<<" not in engine.read_text()
     assert "+" + lines[index] in (project / "src" / "proj" / "engine.py.rej").read_text().splitlines()
 
@@ -547,3 +548,19 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     git(project, "apply", "-p0", str(tmp_path / "model.diff"))
     after = run([*train, "--run-dir", str(tmp_path / "after")], cwd=project, timeout=300, env=environment)
     assert after.returncode == 0, after.stdout
+
+
+def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, install):
+    # fsdp -> single drops the Slurm script and the distributed tests; a later update must not call
+    # them files the user deleted (they are not the switched project's any more).
+    install(V1)
+    project = new_project(tmp_path / "proj", strategy="fsdp")
+    switched = looptpl("update", str(project), "--strategy", "single")
+    assert switched.exit_code == 0, switched.stderr
+    assert not (project / "scripts").exists() and not (project / "tests" / "test_distributed.py").exists()
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "Switch to single")
+    install(V2)
+    result = looptpl("update", str(project))
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "You deleted" not in result.stdout and ENGINE_FIX in (project / "src" / "proj" / "engine.py").read_text()

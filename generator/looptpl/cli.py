@@ -294,21 +294,23 @@ def update(
     if outcome.plan.status is Status.CURRENT and not outcome.changed:
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
-    report_update(path, outcome, conflict, dry_run, strategy)
-    attention = [*outcome.conflicts, *outcome.deleted]
-    if attention:  # a dry run that foresees a conflict fails too, so a script or CI job notices
+    report_update(path, outcome, conflict, dry_run)
+    # A dry run that foresees a conflict fails too, so a script or CI job notices; files the user deleted
+    # stay deleted on every update, so they fail the update itself only.
+    attention = outcome.conflicts if dry_run else [*outcome.conflicts, *outcome.deleted]
+    if attention:
         need = "would need" if dry_run else "need"
         typer.echo(f"{len(attention)} file(s) {need} attention: {', '.join(attention)}", err=True)
         raise typer.Exit(NEEDS_ATTENTION)
 
 
-def report_update(
-    path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool, strategy: str | None = None
-) -> None:
+def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool) -> None:
     """List the changed files, the ones that clash with the user's edits, and what to do next."""
     action = "Would update" if dry_run else "Updated"
-    switch = f", switching to the {strategy} strategy" if strategy else ""
-    typer.echo(f"{action} {path} from template {outcome.plan.current} to {outcome.plan.template.label}{switch}:")
+    current, new = outcome.plan.current, outcome.plan.template.label
+    versions = f"from template {current} to {new}" if current != outcome.plan.template.ref else f"(template {current})"
+    switch = f", switching to the {outcome.strategy} strategy" if outcome.strategy else ""
+    typer.echo(f"{action} {path} {versions}{switch}:")
     typer.echo("\n".join(f"  {line}" for line in outcome.changed) or "  (no file changes)")
     inline = conflict is Conflict.inline
     if outcome.conflicts:
@@ -346,15 +348,15 @@ def check(
     files still hold the conflict markers of an update."""
     from looptpl.update import Status, files_with_markers, plan_update
 
-    plan = plan_update(path)
-    unfinished = files_with_markers(path)
+    unfinished = files_with_markers(path)  # first: whatever else is wrong, an unfinished merge is named
     if unfinished:
         typer.echo(
-            f"{path} has an unfinished update: conflict markers in {', '.join(unfinished)}; keep what you need of "
-            "each side, delete the marker lines, and commit",
+            f"{path} has an unfinished update: conflict markers or a .rej file for {', '.join(unfinished)}; keep what "
+            "you need of each side and delete the marker lines (or apply the .rej by hand and delete it), then commit",
             err=True,
         )
         raise typer.Exit(NEEDS_ATTENTION)
+    plan = plan_update(path)
     ours = f"this looptpl's template ({plan.template.label})"
     if plan.status is Status.CURRENT:
         typer.echo(f"{path} is up to date with {ours}.")

@@ -6,6 +6,7 @@ hunks get conflict markers or `.rej` files. This module decides what "new" is, r
 merge safely before anything is touched, runs copier, and reports the files that need attention.
 """
 
+import dataclasses
 import difflib
 import re
 import tempfile
@@ -55,6 +56,7 @@ class Outcome:
     generated_in: str = ""  # the commit that added the project (to restore a deleted file from)
     # The template's changes to its own version of files the user owns (kept as they are): unified diffs.
     owned_changes: list[str] = field(default_factory=list)
+    strategy: str = ""  # the strategy the project switched to (--strategy), if it did
 
 
 def plan_update(project: Path) -> Plan:
@@ -95,7 +97,28 @@ def update_project(
         return Outcome(plan)
     _check_package(project, answers)
     first = _generation_commit(project)
-    missing = _missing_generated(project, first)  # deleted by the user before this update
+    with tempfile.TemporaryDirectory(prefix="looptpl-renders-") as renders:
+        # Before anything changes: what the project's template version made of its answers, and what
+        # the new version makes of the new answers.
+        with phase("Rendering the project's template version and the new one..."):
+            old, new = _render(plan, answers, changes, Path(renders))
+        missing = _missing_generated(project, old)  # deleted by the user before this update
+        owned = _owned_changes(plan, old, new, answers["package_name"])
+        outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first)
+    return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""))
+
+
+def _merge(
+    project: Path,
+    top: Path,
+    plan: Plan,
+    conflict: Conflict,
+    dry_run: bool,
+    changes: dict[str, str],
+    missing: list[str],
+    first: str,
+) -> Outcome:
+    """Run copier's merge in the project (or in a throwaway clone of it, for a dry run)."""
     label = plan.template.label
     merging = f"Merging template {label} into {project}: rendering {plan.current} and the new template"
     if dry_run:
@@ -105,20 +128,16 @@ def update_project(
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
                 _run_copier(copy, plan.template.ref, conflict, changes)
-            outcome = _with_deleted(_outcome(plan, copy), copy, missing, first)
-    else:
-        try:
-            with phase(f"{merging}..."):
-                _run_copier(project, plan.template.ref, conflict, changes)
-        except BaseException:
-            # The tree was clean before: putting back HEAD undoes the partial update exactly.
-            git("reset", "--hard", "--quiet", "HEAD", cwd=top)
-            git("clean", "-d", "--force", "--quiet", cwd=top)
-            raise
-        outcome = _with_deleted(_outcome(plan, project), project, missing, first)
-    with phase("Comparing the template's versions of the files you own..."):
-        owned = _owned_changes(plan, answers, changes)
-    return Outcome(outcome.plan, outcome.changed, outcome.conflicts, outcome.deleted, outcome.generated_in, owned)
+            return _with_deleted(_outcome(plan, copy), copy, missing, first)
+    try:
+        with phase(f"{merging}..."):
+            _run_copier(project, plan.template.ref, conflict, changes)
+    except BaseException:
+        # The tree was clean before: putting back HEAD undoes the partial update exactly.
+        git("reset", "--hard", "--quiet", "HEAD", cwd=top)
+        git("clean", "-d", "--force", "--quiet", cwd=top)
+        raise
+    return _with_deleted(_outcome(plan, project), project, missing, first)
 
 
 def _strategy_change(answers: dict[str, Any], strategy: str | None) -> dict[str, str]:
@@ -141,35 +160,49 @@ def _strategy_change(answers: dict[str, Any], strategy: str | None) -> dict[str,
     return {"strategy": strategy}
 
 
-def _owned_changes(plan: Plan, answers: dict[str, Any], changes: dict[str, str]) -> list[str]:
+def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratch: Path) -> tuple[Path, Path]:
+    """The template at the project's version with its answers (what copier merges from), and at the new
+    version with the new answers, rendered under `scratch`."""
+    import copier  # slow to import; only updates need it
+    from copier.errors import CopierError
+
+    data = {key: value for key, value in answers.items() if not key.startswith("_")}
+    sides = (scratch / "old", plan.current, data), (scratch / "new", plan.template.ref, {**data, **changes})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
+            for folder, ref, values in sides:
+                copier.run_copy(str(plan.template.path), folder, data=values, vcs_ref=ref, defaults=True, quiet=True)
+    except CopierError as error:
+        raise LooptplError(f"the template could not be rendered ({error}); nothing was changed", exit_code=1) from None
+    except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM
+        raise LooptplError("cancelled; the project was left as it was", exit_code=signals.exit_code) from None
+    return scratch / "old", scratch / "new"
+
+
+def _owned_changes(plan: Plan, old: Path, new: Path, package: str) -> list[str]:
     """Unified diffs of the template's own versions of the user-owned files, from the project's template
     version (and answers) to the new one: an update keeps the user's files as they are, so a changed
     default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
     shard_units in model.py), would never arrive without the user applying it by hand."""
-    import copier  # slow to import; only updates need it
-
-    data = {key: value for key, value in answers.items() if not key.startswith("_")}
-    config = yaml.safe_load(git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path))
-    owned = [entry.replace("{{ package_name }}", data["package_name"]) for entry in config["_skip_if_exists"]]
+    if plan.template.checkout:  # the working tree, uncommitted edits included, as copier renders it
+        text = (plan.template.path / "copier.yml").read_text(encoding="utf-8")
+    else:
+        text = git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path)
+    owned = [entry.replace("{{ package_name }}", package) for entry in yaml.safe_load(text)["_skip_if_exists"]]
     diffs = []
-    with tempfile.TemporaryDirectory(prefix="looptpl-owned-") as scratch, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
-        for side, ref, values in (("old", plan.current, data), ("new", plan.template.ref, {**data, **changes})):
-            copier.run_copy(
-                str(plan.template.path), Path(scratch) / side, data=values, vcs_ref=ref, defaults=True, quiet=True
+    for name in owned:
+        before, after = old / name, new / name
+        if before.is_file() and after.is_file() and before.read_text() != after.read_text():
+            diff = difflib.unified_diff(
+                before.read_text().splitlines(keepends=True),
+                after.read_text().splitlines(keepends=True),
+                name,
+                name,
+                f"(template {plan.current})",  # after a tab: `patch -p0` and `git apply -p0` read the name
+                f"(template {plan.template.label})",
             )
-        for name in owned:
-            old, new = (Path(scratch) / side / name for side in ("old", "new"))
-            if old.is_file() and new.is_file() and old.read_text() != new.read_text():
-                diff = difflib.unified_diff(
-                    old.read_text().splitlines(keepends=True),
-                    new.read_text().splitlines(keepends=True),
-                    name,
-                    name,
-                    f"(template {plan.current})",  # after a tab: `patch -p0` and `git apply -p0` read the name
-                    f"(template {plan.template.label})",
-                )
-                diffs.append("".join(diff))
+            diffs.append("".join(diff))
     return diffs
 
 
@@ -245,12 +278,11 @@ def read_answers_at(project: Path, commit: str) -> dict[str, Any]:
     return answers if isinstance(answers, dict) else {}
 
 
-def _missing_generated(project: Path, first: str) -> list[str]:
-    """The files `looptpl new` made (the commit that added the project) that the project no longer has."""
-    if not first:
-        return []
-    listed = git("ls-tree", "-r", "--name-only", first, "--", ".", cwd=project).splitlines()  # relative to project
-    return [path for path in listed if not (project / path).exists()]
+def _missing_generated(project: Path, old: Path) -> list[str]:
+    """The files the project's template version makes of its answers that the project no longer has: the
+    user deleted them (files of a strategy the project left, or of a version before, are not among them)."""
+    made = [path.relative_to(old).as_posix() for path in old.rglob("*") if path.is_file() and ".git" not in path.parts]
+    return sorted(path for path in made if not (project / path).exists())
 
 
 def _with_deleted(outcome: Outcome, project: Path, missing: list[str], first: str) -> Outcome:
@@ -388,9 +420,11 @@ def _outcome(plan: Plan, project: Path) -> Outcome:
 
 
 def files_with_markers(project: Path) -> list[str]:
-    """The project's files (tracked, or new and not ignored) that hold conflict markers: an unfinished merge."""
-    listed = git("ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=project, check=False)
-    return sorted({name for name in listed.split("\0") if name and _has_markers(project / name)})
+    """The project's files (tracked, or new and not ignored) that hold conflict markers or have a `.rej` file
+    beside them: an unfinished merge."""
+    listed = [name for name in git("ls-files", "-co", "--exclude-standard", "-z", cwd=project, check=False).split("\0")]
+    rejected = {name.removesuffix(".rej") for name in listed if name.endswith(".rej")}
+    return sorted(rejected | {name for name in listed if name and _has_markers(project / name)})
 
 
 def _has_markers(path: Path) -> bool:

@@ -35,7 +35,8 @@ def updates_per_epoch(global_batch_size: int = 40) -> int:
 def resumed_message(step: int) -> str:
     """What a run resumed from a checkpoint after update `step` prints, with TRAIN_FLAGS' batches."""
     epochs, update = divmod(step, updates_per_epoch())
-    return f"resumed from epoch {epochs}, step {step} (update {update} of epoch {epochs + 1})"
+    within = f" (update {update} of epoch {epochs + 1})" if update else ""  # none at an epoch's end
+    return f"resumed from epoch {epochs}, step {step}{within}"
 
 
 def monitored_improved(records: list[dict[str, Any]]) -> bool:

@@ -158,7 +158,8 @@ CONFIG_FILE_MISTAKES = {
     "lr = nan": "lr must be a finite number, got nan",
     'precision = "fp8"': "precision must be one of 'fp32', 'bf16', 'fp16', got 'fp8'",
     "epoch = 3": "'epoch' is no flag; its keys are the flags of --help, without the dashes",
-    'config = "other.toml"': "'config' is no flag",
+    'config = "other.toml"': "a config file cannot name another",
+    "global-batch-size = 32\nglobal_batch_size = 64": "'global-batch-size' and 'global_batch_size' set the same flag",
     "epochs = ": "is not valid TOML",
 }
 

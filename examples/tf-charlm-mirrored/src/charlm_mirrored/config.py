@@ -24,7 +24,7 @@ class TrainConfig(Settings):
 
     config: str = field(
         default="",
-        metadata={"help": "A TOML file of flags, without their dashes (epochs = 20); a flag given here wins."},
+        metadata={"help": "A TOML file of flags, without their dashes (epochs = 20); the command line wins over it."},
     )
     epochs: int = field(default=10, metadata={"help": "Passes over the training data."})
     max_steps: int = field(

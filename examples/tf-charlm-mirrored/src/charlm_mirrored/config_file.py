@@ -1,8 +1,8 @@
-"""Config files: `--config runs/base.toml` takes flags from a TOML file. Managed by the looptpl template.
+"""Config files: `--config configs/base.toml` takes flags from a TOML file. Managed by the looptpl template.
 
 The file names flags without their dashes, one `key = value` per line, with `-` or `_`:
 
-    # runs/base.toml
+    # configs/base.toml
     epochs = 20
     lr = 3e-4
     global-batch-size = 256
@@ -39,12 +39,16 @@ def read_config_file(path: str, kinds: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
-    values = {}
+    values, spelled = {}, {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        if name not in kinds or name == "config":
+        if name == "config":
+            raise ConfigError(f"{path}: a config file cannot name another (config = {value!r}); merge the two files")
+        if name not in kinds:
             raise ConfigError(f"{path}: {key!r} is no flag; its keys are the flags of --help, without the dashes")
-        values[name] = _checked(value, kinds[name], f"{path}: {key}")
+        if name in spelled:
+            raise ConfigError(f"{path}: {spelled[name]!r} and {key!r} set the same flag; keep one of them")
+        values[name], spelled[name] = _checked(value, kinds[name], f"{path}: {key}"), key
     return values
 
 
@@ -57,7 +61,12 @@ def _checked(value: Any, kind: Any, where: str) -> Any:
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    fits = isinstance(value, kind) if isinstance(kind, type) else True  # a type of yours in settings.py: as given
+    if isinstance(kind, type) and kind not in KIND_NAMES and not isinstance(value, kind):
+        try:  # a type of yours in settings.py (a Path, say): built from the value, as the command line does
+            return kind(value)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{where}: {error}") from None
+    fits = isinstance(value, kind) if isinstance(kind, type) else True  # e.g. a generic alias: as given
     if kind is int and isinstance(value, bool):  # TOML's true is no count
         fits = False
     if kind is float and fits and not math.isfinite(value):  # nan and inf would silently train nothing
