@@ -183,7 +183,9 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     assert preview.exit_code == 0, preview.stderr
     for changed in ("src/proj/engine.py", "README.md", "pyproject.toml", "src/proj/notes.py"):
         assert changed in preview.stdout
-    assert "src/proj/data.py" not in preview.stdout
+    listed, owned = preview.stdout.split("The template changed its own version of files you own")
+    assert "src/proj/data.py" not in listed  # yours: not merged, only shown as the template's change to it
+    assert f"+{USER_FILE_CHANGE}" in owned
     assert git(project, "status", "--porcelain") == "" and git(project, "rev-parse", "HEAD") == head
 
     result = looptpl("update", str(project))
