@@ -39,7 +39,8 @@ def read_config_file(path: str, kinds: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
-    values, spelled = {}, {}
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field name: the key that set it
     for key, value in table.items():
         name = key.replace("-", "_")
         if name == "config":
