@@ -11,6 +11,8 @@ import difflib
 import re
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -164,19 +166,12 @@ def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratc
     """The template at the project's version with its answers (what copier merges from), and at the new
     version with the new answers, rendered under `scratch`."""
     import copier  # slow to import; only updates need it
-    from copier.errors import CopierError
 
     data = {key: value for key, value in answers.items() if not key.startswith("_")}
     sides = (scratch / "old", plan.current, data), (scratch / "new", plan.template.ref, {**data, **changes})
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
-            for folder, ref, values in sides:
-                copier.run_copy(str(plan.template.path), folder, data=values, vcs_ref=ref, defaults=True, quiet=True)
-    except CopierError as error:
-        raise LooptplError(f"the template could not be rendered ({error}); nothing was changed", exit_code=1) from None
-    except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM
-        raise LooptplError("cancelled; the project was left as it was", exit_code=signals.exit_code) from None
+    with _copier_failures("rendered"):
+        for folder, ref, values in sides:
+            copier.run_copy(str(plan.template.path), folder, data=values, vcs_ref=ref, defaults=True, quiet=True)
     return scratch / "old", scratch / "new"
 
 
@@ -192,11 +187,13 @@ def _owned_changes(plan: Plan, old: Path, new: Path, package: str) -> list[str]:
     owned = [entry.replace("{{ package_name }}", package) for entry in yaml.safe_load(text)["_skip_if_exists"]]
     diffs = []
     for name in owned:
-        before, after = old / name, new / name
-        if before.is_file() and after.is_file() and before.read_text() != after.read_text():
+        if not ((old / name).is_file() and (new / name).is_file()):
+            continue
+        before, after = (old / name).read_text(), (new / name).read_text()
+        if before != after:
             diff = difflib.unified_diff(
-                before.read_text().splitlines(keepends=True),
-                after.read_text().splitlines(keepends=True),
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
                 name,
                 name,
                 f"(template {plan.current})",  # after a tab: `patch -p0` and `git apply -p0` read the name
@@ -374,26 +371,33 @@ def _check_repository(project: Path) -> Path:
 
 def _run_copier(project: Path, ref: str, conflict: Conflict, changes: dict[str, str]) -> None:
     import copier  # slow to import; only updates need it
-    from copier.errors import CopierError
     from plumbum import local  # copier runs git through plumbum, whose environment is set here
 
     # Copier commits in scratch repositories; give git an identity where none is configured.
-    identity = identity_if_missing(project)
+    with _copier_failures("merged"), local.env(**identity_if_missing(project)):
+        copier.run_update(
+            project,
+            vcs_ref=ref,
+            data=changes,
+            defaults=True,
+            overwrite=True,
+            skip_answered=True,
+            conflict=conflict.value,
+            quiet=True,
+        )
+
+
+@contextmanager
+def _copier_failures(action: str) -> Iterator[None]:
+    """Copier's warnings hidden, and its failure or a Ctrl-C/SIGTERM as one line saying nothing was changed."""
+    from copier.errors import CopierError
+
     try:
-        with warnings.catch_warnings(), local.env(**identity):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. a dirty development checkout; expected there
-            copier.run_update(
-                project,
-                vcs_ref=ref,
-                data=changes,
-                defaults=True,
-                overwrite=True,
-                skip_answered=True,
-                conflict=conflict.value,
-                quiet=True,
-            )
+            yield
     except CopierError as error:
-        raise LooptplError(f"the template could not be merged ({error}); nothing was changed", exit_code=1) from None
+        raise LooptplError(f"the template could not be {action} ({error}); nothing was changed", exit_code=1) from None
     except (signals.Cancelled, KeyboardInterrupt):  # Ctrl-C or SIGTERM
         raise LooptplError("cancelled; the project was left as it was", exit_code=signals.exit_code) from None
 
@@ -422,7 +426,7 @@ def _outcome(plan: Plan, project: Path) -> Outcome:
 def files_with_markers(project: Path) -> list[str]:
     """The project's files (tracked, or new and not ignored) that hold conflict markers or have a `.rej` file
     beside them: an unfinished merge."""
-    listed = [name for name in git("ls-files", "-co", "--exclude-standard", "-z", cwd=project, check=False).split("\0")]
+    listed = git("ls-files", "-co", "--exclude-standard", "-z", cwd=project, check=False).split("\0")
     rejected = {name.removesuffix(".rej") for name in listed if name.endswith(".rej")}
     return sorted(rejected | {name for name in listed if name and _has_markers(project / name)})
 
