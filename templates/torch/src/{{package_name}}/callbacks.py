@@ -80,17 +80,22 @@ class HookCaller:
 
 
 class EarlyStopping:
-    """Tracks the best value of the monitored metric and counts epochs without improvement."""
+    """Tracks the best value of the monitored metric (--monitor) and counts epochs without improvement."""
 
-    def __init__(self, mode: Literal["min", "max"], patience: int) -> None:
+    def __init__(self, monitor: str, mode: Literal["min", "max"], patience: int) -> None:
+        self.monitor = monitor
         self.mode = mode
         self.patience = patience  # 0: never stop early, but still track the best epoch
         self.best: float | None = None
         self.best_epoch = 0
         self.epochs_without_improvement = 0
 
-    def update(self, value: float, epoch: int) -> bool:
-        """Record one epoch's value; return whether it is the best so far."""
+    def update(self, record: dict[str, Any], epoch: int) -> bool:
+        """Record one epoch's metrics; return whether its monitored value is the best so far."""
+        if self.monitor not in record:
+            logged = ", ".join(name for name in record if name.startswith(("train_", "val_")))
+            raise TrainingError(f"--monitor {self.monitor} is not a logged metric; choose one of {logged}")
+        value = record[self.monitor]
         improved = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
         if improved:
             self.best, self.best_epoch, self.epochs_without_improvement = value, epoch, 0
