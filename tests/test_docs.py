@@ -111,6 +111,18 @@ TRAINING_TESTS = "myproj/tests/test_training.py"
 FAULT_TESTS = "myproj/tests/test_faults.py"  # TensorFlow multi-worker
 COVERED = (
     Covered(
+        r"pip install -e \.\[(wandb|mlflow)\]",
+        "myproj/tests/test_trackers.py",
+        ("def test_wandb_runs_offline_and_a_resumed_run_keeps_its_id", "def test_mlflow_logs_into_the_run_directory"),
+        "needs a package index; the project's tests drive both trackers where they are installed",
+    ),
+    Covered(
+        r"WANDB_MODE=offline python -m myproj\.train --tracker wandb",
+        "myproj/tests/test_trackers.py",
+        ('monkeypatch.setenv("WANDB_MODE", "offline")', '["--tracker", tracker'),
+        "the project's tests log a run and its resumption to W&B offline, as the engine does",
+    ),
+    Covered(
         r"pip install( -U)? looptpl",
         UPDATE_TESTS,
         ("def test_installed_wheel_upgrade_then_update", '"install"'),

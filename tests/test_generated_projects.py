@@ -182,7 +182,9 @@ TWINS = [
     "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
     "src/{{package_name}}/plot.py.jinja",
     "src/{{package_name}}/config_file.py",
+    "src/{{package_name}}/trackers.py",
     "tests/test_no_conflict_markers.py",
+    "tests/test_trackers.py.jinja",
 ]
 
 
