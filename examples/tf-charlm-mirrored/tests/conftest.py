@@ -23,7 +23,8 @@ RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # each) it splits 3 + 4, and with --grad-accum-steps 2 into micro-batches of 1, 2, 2 and 2.
 # 251 validation samples in batches of 100 per replica: the last step gives 51 to replica 0 and
 # none to replica 1.
-TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100")
+# With a moving average of the weights (--ema-decay): every comparison of runs compares it too.
+TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100", "--ema-decay", "0.9")
 
 
 @dataclass

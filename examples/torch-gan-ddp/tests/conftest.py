@@ -250,6 +250,12 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(newest, weights_only=True)["model"]
 
 
+def final_average(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The moving average of the weights (--ema-decay) in the newest checkpoint."""
+    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["ema"]["weights"]
+
+
 def assert_same_weights(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor], rtol: float = 0.0) -> None:
     """Equal weights; with `rtol`, up to a relative difference ||left - right|| / ||left|| of the whole model.
 

@@ -10,6 +10,7 @@ from conftest import (
     assert_same_metrics,
     assert_same_weights,
     edited_sources,
+    final_average,
     final_weights,
     finish,
     free_port,
@@ -28,7 +29,8 @@ from project import split_sizes
 
 # --train-in-eval-mode: dropout (and batch norm) would draw differently on 1 and 2 ranks, so the runs
 # compared here train with those layers as in evaluation; every gradient and update is still exercised.
-EPOCHS = ["--epochs", "3", "--train-in-eval-mode"]
+# The moving average of the weights (--ema-decay) is compared too: its val_ema_* metrics and, on resume, itself.
+EPOCHS = ["--epochs", "3", "--train-in-eval-mode", "--ema-decay", "0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,7 @@ def test_two_ranks_match_one_rank(runs, variant):
     # batch is split over ranks and micro-steps and must still give the same update.
     root, _ = runs
     assert_same_weights(final_weights(root / "one"), final_weights(root / variant), rtol=1e-5)
+    assert_same_weights(final_average(root / "one"), final_average(root / variant), rtol=1e-5)
     assert_same_metrics(metrics(root / "one"), metrics(root / variant), rel=1e-4)
 
 
@@ -79,13 +82,14 @@ def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_
     # With dropout and 2 accumulation steps: 16 updates an epoch, stopped after update 23 (with
     # checkpoints every 5), resumed from there; each rank's dropout draws continue where they were.
     sources = sources_with_dropout(tmp_path / "dropout")
-    flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5")
+    flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5", "--ema-decay", "0.9")
     straight = start_training(tmp_path / "straight", *flags, ranks=2, sources=sources)  # meanwhile, to compare with
     run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", ranks=2, sources=sources)
     result = run_training(tmp_path / "resumed", *flags, "--resume", ranks=2, sources=sources)
     finish(straight)
     assert "resumed from epoch 1, step 23 (update 7 of epoch 2)" in result.stdout
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
+    assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
 
 
@@ -104,6 +108,7 @@ def test_resume_on_a_different_number_of_ranks(runs):
     root, results = runs
     assert "written by 2 ranks" in results["resume_on_one"].stdout
     assert_same_weights(final_weights(root / "two"), final_weights(root / "two_then_one"), rtol=1e-5)
+    assert_same_weights(final_average(root / "two"), final_average(root / "two_then_one"), rtol=1e-5)
 
 
 def test_early_stopping_stops_every_rank_at_the_same_epoch(runs):

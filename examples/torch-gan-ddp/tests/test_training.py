@@ -5,6 +5,7 @@ most in the `runs` fixture, which the tests then check one by one.
 """
 
 import importlib.util
+import json
 import math
 import os
 import signal
@@ -13,10 +14,12 @@ import sys
 import time
 
 import pytest
+import torch
 from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
+    final_average,
     final_weights,
     finish,
     metrics,
@@ -37,6 +40,8 @@ from project import (
     updates_per_epoch,
 )
 
+from gan_ddp.ema import WeightAverage
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -50,7 +55,7 @@ def runs(tmp_path_factory):
     big_batch = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
     started = {
         "reference": start_training(root / "reference", "--epochs", "3"),
-        "bf16": start_training(root / "bf16", "--epochs", "2", "--precision", "bf16"),
+        "bf16": start_training(root / "bf16", "--epochs", "2", "--precision", "bf16", "--profile"),
         "fp16": start_training(root / "fp16", "--epochs", "2", "--precision", "fp16"),
         "one_batch": start_training(root / "one_batch", *big_batch),
         "accum": start_training(root / "accum", *big_batch, "--grad-accum-steps", "4"),
@@ -81,6 +86,17 @@ def runs(tmp_path_factory):
     started |= resumed
     results |= {name: finish(training, expect_success=name not in failing) for name, training in started.items()}
     return root, results
+
+
+def test_profile_records_updates_4_to_6(runs):
+    root, results = runs
+    assert f"profile of 3 updates written to {root / 'bf16' / 'profile'}" in results["bf16"].stdout
+    [trace] = (root / "bf16" / "profile").glob("rank0.*.pt.trace.json")
+    events = [event.get("name", "") for event in json.loads(trace.read_text())["traceEvents"]]
+    # Steps are counted from 0: updates 4 to 6, each with the optimizer's step inside.
+    steps = sorted({name for name in events if name.startswith("ProfilerStep#")})
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
+    assert sum(name.startswith("Optimizer.step") for name in events) == 3
 
 
 def test_trains_and_writes_the_run_directory(runs):
@@ -145,8 +161,9 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # uninterrupted one in the main process. Each sample's draws depend on the seed, the epoch and
     # its index only, and dropout's on the generator state the checkpoint holds, so both runs end
     # with the same weights, to the bit.
+    # The moving average of the weights (--ema-decay) resumes with them.
     sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
-    flags = ("--epochs", "3", "--checkpoint-every", "10")
+    flags = ("--epochs", "3", "--checkpoint-every", "10", "--ema-decay", "0.9")
     straight = start_training(tmp_path / "straight", *flags, sources=sources)  # meanwhile, the run to compare with
     workers = ("--num-workers", "2")
     stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
@@ -157,7 +174,32 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     run_training(tmp_path / "resumed", *flags, *workers, "--resume", sources=sources)
     finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
+    assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
+    assert {"val_ema_loss", "val_loss"} <= set(metrics(tmp_path / "resumed")[-1])
+
+
+def test_the_weight_average_follows_its_formula_and_loads_from_its_state():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    average = WeightAverage(model, decay=0.75)
+    expected: dict[str, torch.Tensor] = {}
+    for update in range(3):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        average.update()
+        weights = {name: value.clone() for name, value in model.state_dict().items()}
+        # The first update copies the weights; then average = 0.75 * average + 0.25 * weights.
+        expected = weights if update == 0 else {name: 0.75 * expected[name] + 0.25 * weights[name] for name in weights}
+    for restored in (average, WeightAverage(model, decay=0.75)):
+        if restored is not average:
+            restored.load_state_dict(average.state_dict())
+        with restored.swapped_in():
+            for name, value in model.state_dict().items():
+                torch.testing.assert_close(value, expected[name], msg=name)
+        for name, value in model.state_dict().items():  # and then the model's own weights again
+            torch.testing.assert_close(value, weights[name], atol=0, rtol=0, msg=name)
 
 
 def test_max_steps_ends_part_way_through_an_epoch(runs):

@@ -4,6 +4,7 @@ Managed by the looptpl template: edit metrics.py and hooks.py instead.
 """
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -16,7 +17,8 @@ from typing import Any, Literal
 import tensorflow as tf
 
 from .config import TrainConfig
-from .errors import StepError, user_code_error
+from .errors import StepError, TrainingError, user_code_error
+from .trackers import open_tracker
 
 
 @dataclass
@@ -83,21 +85,26 @@ class HookCaller:
 
 
 class EarlyStopping(tf.Module):
-    """Tracks the best value of the monitored metric and counts epochs without improvement.
+    """Tracks the best value of the monitored metric (--monitor) and counts epochs without improvement.
 
     Its state lives in variables, so the checkpoint carries it and --resume keeps counting.
     """
 
-    def __init__(self, mode: Literal["min", "max"], patience: int) -> None:
+    def __init__(self, monitor: str, mode: Literal["min", "max"], patience: int) -> None:
         super().__init__(name="early_stopping")
+        self.monitor = monitor
         self.mode = mode
         self.patience = patience  # 0: never stop early, but still track the best epoch
         self.best = tf.Variable(math.nan, dtype=tf.float64, trainable=False)  # NaN: nothing seen yet
         self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.bad_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    def update(self, value: float, epoch: int) -> bool:
-        """Record one epoch's value; return whether it is the best so far."""
+    def update(self, record: dict[str, Any], epoch: int) -> bool:
+        """Record one epoch's metrics; return whether its monitored value is the best so far."""
+        if self.monitor not in record:
+            logged = ", ".join(name for name in record if name.startswith(("train_", "val_")))
+            raise TrainingError(f"--monitor {self.monitor} is not a logged metric; choose one of {logged}")
+        value = record[self.monitor]
         best = float(self.best.numpy())
         improved = math.isnan(best) or (value < best if self.mode == "min" else value > best)
         if improved:
@@ -121,11 +128,12 @@ class MetricLogger:
     """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the
     console, and one per --log-every updates to steps.jsonl (and TensorBoard, against the step)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, config: TrainConfig) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.csv_path = run_dir / "metrics.csv"
         self.steps_path = run_dir / "steps.jsonl"
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
+        self.tracker = open_tracker(config.tracker, run_dir, __package__ or "training", dataclasses.asdict(config))
 
     def keep_until(self, epoch: int, step: int) -> None:
         """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again."""
@@ -151,6 +159,7 @@ class MetricLogger:
                 for name, value in record.items():
                     if name not in ("epoch", "step"):
                         tf.summary.scalar(f"steps/{name}", value, step=record["step"])
+        self.tracker.log({f"steps/{name}": value for name, value in _numbers(record).items()}, record["step"])
         if any(name.startswith("val_") for name in record):
             print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
 
@@ -162,11 +171,14 @@ class MetricLogger:
                     if name not in ("epoch", "step"):
                         tf.summary.scalar(name, value, step=record["epoch"])
             self.tensorboard.flush()
+        self.tracker.log(_numbers(record), record["step"])
         print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
 
-    def close(self) -> None:
+    def close(self, summary: dict[str, Any]) -> None:
+        """End the logs with the run's summary (its test results)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
+        self.tracker.close(_numbers(summary))
 
     def _append(self, record: dict[str, Any]) -> None:
         with self.jsonl_path.open("a") as jsonl:
@@ -177,6 +189,12 @@ class MetricLogger:
             if new_file:
                 writer.writeheader()
             writer.writerow(record)
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """What a tracker logs of a record: its numbers but the update count, which is their x axis."""
+    numbers = {name: value for name, value in record.items() if isinstance(value, int | float)}
+    return {name: value for name, value in numbers.items() if name != "step" and not isinstance(value, bool)}
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

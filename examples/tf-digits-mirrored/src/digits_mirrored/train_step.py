@@ -8,6 +8,7 @@ import functools
 import math
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -17,6 +18,7 @@ from .collect import Mean, check_train_value, run_updates_in_a_loop
 from .config import TrainConfig
 from .distributed import Runtime
 from .errors import StepError, user_code_error
+from .profiling import CallProfiler
 from .sampling import part
 from .stages import Stage
 from .step import train_step
@@ -51,8 +53,15 @@ class TrainStep:
         self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
         # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
         # but the batch size, so the short last batch runs the same graph, not a retrace.
-        self.call = tf.function(self._updates)
+        self.compiled = tf.function(self._updates)
         run_updates_in_a_loop(config.steps_per_call > 1)
+        self.profiler = CallProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
+
+    def call(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Run the next `count` updates from `batches`, compiled; returns their totals and samples."""
+        result = self.compiled(batches, count)
+        self.profiler.step()
+        return result
 
     def updates_in_next_call(self, updates: int, in_run: int, end: int) -> int:
         """How many updates the next call runs, from update `updates` of the epoch (`in_run` of the run).

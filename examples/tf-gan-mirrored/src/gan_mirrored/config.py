@@ -14,6 +14,7 @@ from typing import Literal
 from .config_file import read_config_file
 from .errors import ConfigError
 from .settings import DEFAULTS, Settings
+from .trackers import missing_package
 
 
 @dataclass
@@ -108,11 +109,25 @@ class TrainConfig(Settings):
     log_every: int = field(
         default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
     )
+    profile: bool = field(
+        default=False,
+        metadata={
+            "help": "Record calls 2 to 4 of the train step with TensorFlow's profiler into <run-dir>/profile, "
+            "for TensorBoard."
+        },
+    )
     steps_per_call: int = field(
         default=10,
         metadata={
             "help": "Optimizer updates per tf.function call, at most: Python runs once per call, so small models "
             "train faster. A call also ends every --log-every updates, for progress and loss checks."
+        },
+    )
+    ema_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": "Keep an exponential moving average of the weights with this decay (0.999, say), evaluated and "
+            "checkpointed beside them as val_ema_* and test_ema_*. 0: none."
         },
     )
     nan_policy: Literal["stop", "skip"] = field(
@@ -125,6 +140,13 @@ class TrainConfig(Settings):
     max_consecutive_skips: int = field(
         default=10,
         metadata={"help": "With --nan-policy skip, stop after more than this many skipped updates in a row."},
+    )
+    tracker: Literal["none", "wandb", "mlflow"] = field(
+        default="none",
+        metadata={
+            "help": "Also log to Weights & Biases or MLflow (pip install -e .[wandb] or .[mlflow] first), from the "
+            "process that logs; trackers.py says how to run them offline."
+        },
     )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
 
@@ -159,6 +181,10 @@ class TrainConfig(Settings):
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+        if problem := missing_package(self.tracker):
+            raise ConfigError(problem)
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
         if self.nan_policy == "skip" and self.precision == "fp16":
             raise ConfigError(
                 "--nan-policy skip does not combine with --precision fp16, whose loss scaling already skips updates "
@@ -189,7 +215,7 @@ class TrainConfig(Settings):
 
 
 # Settings baked into the schedule, the optimizer state or the data order: a resumed run must keep them.
-FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed")
+FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

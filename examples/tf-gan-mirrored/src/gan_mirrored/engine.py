@@ -21,6 +21,7 @@ from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
 from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
+from .ema import WeightAverage
 from .errors import TrainingError
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
@@ -66,14 +67,16 @@ class Trainer:
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             schedule = build_schedule(config, self.total_updates)
             # One stage per optimizer, each updating the model of the same name (stages.py).
-            self.stages = build_stages(build_optimizer(config, schedule), trained, config.precision == "fp16")
+            self.stages = build_stages(
+                build_optimizer(config, schedule), trained, config.precision == "fp16", config.ema_decay
+            )
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
             # Written part-way through an epoch: its updates done, and its running totals (train_epoch).
             self.position = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.running = tf.Variable(tf.zeros([2, len(self.stages), 4], tf.float64), trainable=False)
             self.train_step = TrainStep(config, runtime, self.models, self.stages, (self.epoch, self.step))
-            self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
+            self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
             self.saved_config = ConfigState(config)
             # The trained models and their optimizers, by name with several (the checkpoint's keys).
             one = len(self.stages) == 1
@@ -100,13 +103,14 @@ class Trainer:
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
-        self.logger = MetricLogger(self.run_dir) if runtime.is_chief else None
+        self.logger = MetricLogger(self.run_dir, config) if runtime.is_chief else None
         self.progress = ProgressBar(config.progress and runtime.is_chief)
         # hooks.py sees what model.py and optim.py built.
         self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_chief)
         self.hook = HookCaller(Hooks, config, self.run)
         sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
-        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes)
+        ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
+        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes, ema)
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
@@ -242,13 +246,8 @@ class Trainer:
             record: dict[str, Any] = {"epoch": epoch + 1, **trained, **self.evaluate("val")}
             record.update(step=int(self.step.numpy()), lr=float(self.stages[0].optimizer.learning_rate))
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
-            if self.config.monitor not in record:
-                raise TrainingError(
-                    f"--monitor {self.config.monitor} is not a logged metric; choose one of "
-                    + ", ".join(name for name in record if name.startswith(("train_", "val_")))
-                )
             finite_or_raise(record, f"epoch {epoch + 1}")  # never checkpoint NaN weights or pick them as the best
-            is_best = self.early_stopping.update(record[self.config.monitor], epoch + 1)
+            is_best = self.early_stopping.update(record, epoch + 1)
             self.epoch.assign(epoch + 1)
             self.run.epoch = epoch + 1
             # Before the checkpoint, which holds the hooks' state as this hook leaves it.
@@ -296,5 +295,5 @@ class Trainer:
             summary["stop_reason"] = self.run.stop_reason
         self.hook("on_run_end", self.run, summary)
         if self.logger is not None:
-            self.logger.close()
+            self.logger.close(summary)
         return summary

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from .collect import Mean, check_eval_values
 from .config import TrainConfig
+from .ema import WeightAverage
 from .errors import StepError, TrainingError, user_code_error
 from .metrics import dataset_metrics
 from .step import eval_step
@@ -33,12 +34,14 @@ class Evaluator:
         config: TrainConfig,
         splits: dict[str, Any],
         sizes: dict[str, int],
+        ema: WeightAverage | None,
     ) -> None:
         self.strategy = strategy
         self.models = models
         self.config = config
         self.splits = splits  # "val" and "test": batches of (sample indices, batch) per replica
         self.sizes = sizes  # samples in each split
+        self.ema = ema  # --ema-decay: the average of the weights, evaluated too
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
         # Traced once per split, like the train step (train_step.py).
         self.steps = {
@@ -71,6 +74,16 @@ class Evaluator:
         return sums, gathered
 
     def evaluate(self, split: str) -> dict[str, float]:
+        """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
+        results = self._evaluate(split)
+        if self.ema is not None:
+            with self.ema.swapped_in():
+                averaged = self._evaluate(split)
+            del averaged[f"{split}_samples"]
+            results.update({name.replace(split, f"{split}_ema", 1): value for name, value in averaged.items()})
+        return results
+
+    def _evaluate(self, split: str) -> dict[str, float]:
         """The means and dataset metrics of `split` ("val" or "test"), named `<split>_<name>`."""
         sums: dict[str, np.ndarray] = {}
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}

@@ -6,6 +6,7 @@ on every rank with the same all-reduced values, so every rank takes the same dec
 """
 
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 from .config import TrainConfig
 from .errors import StepError, TrainingError, user_code_error
+from .trackers import open_tracker
 
 
 @dataclass
@@ -80,17 +82,22 @@ class HookCaller:
 
 
 class EarlyStopping:
-    """Tracks the best value of the monitored metric and counts epochs without improvement."""
+    """Tracks the best value of the monitored metric (--monitor) and counts epochs without improvement."""
 
-    def __init__(self, mode: Literal["min", "max"], patience: int) -> None:
+    def __init__(self, monitor: str, mode: Literal["min", "max"], patience: int) -> None:
+        self.monitor = monitor
         self.mode = mode
         self.patience = patience  # 0: never stop early, but still track the best epoch
         self.best: float | None = None
         self.best_epoch = 0
         self.epochs_without_improvement = 0
 
-    def update(self, value: float, epoch: int) -> bool:
-        """Record one epoch's value; return whether it is the best so far."""
+    def update(self, record: dict[str, Any], epoch: int) -> bool:
+        """Record one epoch's metrics; return whether its monitored value is the best so far."""
+        if self.monitor not in record:
+            logged = ", ".join(name for name in record if name.startswith(("train_", "val_")))
+            raise TrainingError(f"--monitor {self.monitor} is not a logged metric; choose one of {logged}")
+        value = record[self.monitor]
         improved = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
         if improved:
             self.best, self.best_epoch, self.epochs_without_improvement = value, epoch, 0
@@ -146,11 +153,12 @@ class MetricLogger:
     """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the
     console, and one per --log-every updates to steps.jsonl (and TensorBoard, against the step)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, config: TrainConfig) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.csv_path = run_dir / "metrics.csv"
         self.steps_path = run_dir / "steps.jsonl"
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
+        self.tracker = open_tracker(config.tracker, run_dir, __package__ or "training", dataclasses.asdict(config))
 
     def keep_until(self, epoch: int, step: int) -> None:
         """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again."""
@@ -174,6 +182,7 @@ class MetricLogger:
                 if name not in ("epoch", "step"):
                     self.tensorboard.add_scalar(name, value, record["epoch"])
             self.tensorboard.flush()
+        self.tracker.log(_numbers(record), record["step"])
         print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
 
     def log_step(self, record: dict[str, Any]) -> None:
@@ -184,12 +193,15 @@ class MetricLogger:
             for name, value in record.items():
                 if name not in ("epoch", "step"):
                     self.tensorboard.add_scalar(f"steps/{name}", value, record["step"])
+        self.tracker.log({f"steps/{name}": value for name, value in _numbers(record).items()}, record["step"])
         if any(name.startswith("val_") for name in record):
             print("  ".join(_format(name, value) for name, value in record.items()), flush=True)
 
-    def close(self) -> None:
+    def close(self, summary: dict[str, Any]) -> None:
+        """End the logs with the run's summary (its test results)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
+        self.tracker.close(_numbers(summary))
 
     def _append(self, record: dict[str, Any]) -> None:
         with self.jsonl_path.open("a") as jsonl:
@@ -200,6 +212,12 @@ class MetricLogger:
             if new_file:
                 writer.writeheader()
             writer.writerow(record)
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """What a tracker logs of a record: its numbers but the update count, which is their x axis."""
+    numbers = {name: value for name, value in record.items() if isinstance(value, int | float)}
+    return {name: value for name, value in numbers.items() if name != "step" and not isinstance(value, bool)}
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

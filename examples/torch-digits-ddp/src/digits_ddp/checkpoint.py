@@ -175,20 +175,22 @@ class Checkpointer:
                 flush=True,
             )
 
-    def load_best(self, model: nn.Module, best_epoch: int) -> str:
-        """Load the best epoch's weights for the final test; which weights were loaded, in words.
+    def load_best(self, model: nn.Module, best_epoch: int) -> tuple[str, dict[str, Any] | None]:
+        """Load the best epoch's weights for the final test; which weights were loaded, in words,
+        and the best checkpoint (None when the last weights stay).
 
         A missing or unreadable best.pt leaves the last weights in place, with a warning: the
         run's results are kept either way.
         """
         path = self.directory / "best.pt"
         try:
-            set_model_state_dict(model, self.read(path)["model"], options=FULL)
+            checkpoint = self.read(path)
+            set_model_state_dict(model, checkpoint["model"], options=FULL)
         except Exception as error:
             if self.runtime.is_main:
                 print(f"warning: cannot load {path} ({_first_line(error)}); testing the last weights", flush=True)
-            return "last (best.pt unreadable)"
-        return f"best (epoch {best_epoch})"
+            return "last (best.pt unreadable)", None
+        return f"best (epoch {best_epoch})", checkpoint
 
 
 def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:

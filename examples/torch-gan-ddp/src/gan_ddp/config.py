@@ -14,6 +14,7 @@ from typing import Literal
 from .config_file import read_config_file
 from .errors import ConfigError
 from .settings import DEFAULTS, Settings
+from .trackers import missing_package
 
 
 @dataclass
@@ -50,6 +51,13 @@ class TrainConfig(Settings):
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
     )
+    ema_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": "Keep an exponential moving average of the weights with this decay (0.999, say), evaluated and "
+            "checkpointed beside them as val_ema_* and test_ema_*. 0: none."
+        },
+    )
     nan_policy: Literal["stop", "skip"] = field(
         default="stop",
         metadata={"help": "On NaN/inf gradients: stop the run, or skip that update (one host sync per update)."},
@@ -74,6 +82,13 @@ class TrainConfig(Settings):
         metadata={
             "help": "torch.compile's mode with --compile: reduce-overhead replays CUDA graphs (fewer kernel launches, "
             "for small models; every batch shape is recorded once), max-autotune also searches faster kernels."
+        },
+    )
+    profile: bool = field(
+        default=False,
+        metadata={
+            "help": "Record updates 4 to 6 with torch's profiler into <run-dir>/profile (for TensorBoard or Perfetto) "
+            "and print the most expensive operations."
         },
     )
     train_in_eval_mode: bool = field(
@@ -139,6 +154,13 @@ class TrainConfig(Settings):
     log_every: int = field(
         default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
     )
+    tracker: Literal["none", "wandb", "mlflow"] = field(
+        default="none",
+        metadata={
+            "help": "Also log to Weights & Biases or MLflow (pip install -e .[wandb] or .[mlflow] first), from the "
+            "process that logs; trackers.py says how to run them offline."
+        },
+    )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
     dist_timeout_s: int = field(
         default=600, metadata={"help": "Seconds a collective may wait for the other ranks before failing."}
@@ -170,6 +192,10 @@ class TrainConfig(Settings):
             )
         if self.dist_timeout_s > 7 * 24 * 3600:
             raise ConfigError(f"--dist-timeout-s must be at most a week (604800), got {self.dist_timeout_s}")
+        if problem := missing_package(self.tracker):
+            raise ConfigError(problem)
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
         if self.nan_policy == "skip" and self.precision == "fp16":
             raise ConfigError(
                 "--nan-policy skip does not combine with --precision fp16, whose loss scaler already skips updates "
@@ -189,7 +215,7 @@ class TrainConfig(Settings):
 
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
-FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed")
+FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

@@ -24,8 +24,8 @@ from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
 from .checkpoint import Checkpointer
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
-from .errors import TrainingError
-from .evaluation import evaluate_split, finite_or_raise
+from .ema import WeightAverage
+from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .loaders import Loaders
 from .optim import build_optimizer, build_scheduler
@@ -64,7 +64,9 @@ class Trainer:
         # What the checkpoints hold: the trained weights, without the frozen models.
         self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
         self.autocast = make_autocast(config.precision, runtime.device)
-        self.train_step = TrainStep(config, runtime, self.models, self.stages, self.autocast)
+        self.ema = WeightAverage(self.trained, config.ema_decay) if config.ema_decay else None
+        self.train_step = TrainStep(config, runtime, self.models, self.stages, self.autocast, self.ema)
+        self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, runtime.device, self.ema)
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
@@ -73,9 +75,9 @@ class Trainer:
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
-        self.early_stopping = EarlyStopping(config.monitor_mode, config.early_stop_patience)
+        self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
         self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
-        self.logger = MetricLogger(self.run_dir) if runtime.is_main else None
+        self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
         self.throughput = Throughput(config, runtime.device, runtime.world_size)
         self.checkpointer.check_free_space(self.trained)
@@ -160,8 +162,7 @@ class Trainer:
         losses = check_finite(mean_losses("train", self.stages, sums), sums, f"epoch {epoch + 1}, step {self.step}")
         record.update(losses)
         self.progress.update(done, done * self.config.global_batch_size, next(iter(losses.values())))
-        record["lr"] = self.stages[0].scheduler.get_last_lr()[0]
-        record.update(grad_norms(self.stages))
+        record.update(lr=self.stages[0].scheduler.get_last_lr()[0], **grad_norms(self.stages))
         record.update(self.throughput.figures(samples, sums[0][1], self.train_step.per))
         if validate:
             record.update(self.evaluate("val"))
@@ -174,8 +175,7 @@ class Trainer:
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
         self.set_training(False)
-        batches = self.loaders.evaluation_batches(split)
-        results = evaluate_split(split, batches, self.models, self.config, self.autocast, self.runtime.device)
+        results = self.evaluator.evaluate(split)
         return {**results, **self.hook.added("after_evaluation", split, results)}
 
     def state_dict(self) -> dict[str, Any]:
@@ -188,6 +188,7 @@ class Trainer:
             "early_stopping": self.early_stopping.state_dict(),
             "data": self.loaders.state_dict(),
             "hooks": self.hook("state_dict"),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
             "config": dataclasses.asdict(self.config),
         }
 
@@ -204,6 +205,8 @@ class Trainer:
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
         self.loaders.load_state_dict(checkpoint.get("data", {}))
         self.hook("load_state_dict", checkpoint.get("hooks", {}))
+        if self.ema is not None:
+            self.ema.load_state_dict(checkpoint["ema"])
         self.run.epoch, self.run.step = self.epoch, self.step
         if self.logger is not None:
             self.logger.keep_until(self.epoch, self.step)
@@ -244,13 +247,8 @@ class Trainer:
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
             # Never checkpoint NaN weights, nor pick a best epoch by a NaN metric.
             finite_or_raise(record, f"epoch {epoch + 1}")
-            if self.config.monitor not in record:
-                raise TrainingError(
-                    f"--monitor {self.config.monitor} is not a logged metric; choose one of "
-                    + ", ".join(name for name in record if name.startswith(("train_", "val_")))
-                )
             # Every rank holds the same all-reduced metrics, so every rank computes the same result.
-            is_best = self.early_stopping.update(record[self.config.monitor], epoch + 1)
+            is_best = self.early_stopping.update(record, epoch + 1)
             self.epoch = self.run.epoch = epoch + 1
             # Before the checkpoint, which holds the hooks' state as this hook leaves it.
             self.hook("on_epoch_end", self.run, record)
@@ -281,7 +279,9 @@ class Trainer:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
         tested = "last"
         if self.config.test_on == "best":
-            tested = self.checkpointer.load_best(self.trained, self.early_stopping.best_epoch)
+            tested, best = self.checkpointer.load_best(self.trained, self.early_stopping.best_epoch)
+            if self.ema is not None and best is not None:
+                self.ema.load_state_dict(best["ema"])
         summary: dict[str, Any] = {
             "epochs_run": self.epoch,
             "steps": self.step,
@@ -296,5 +296,5 @@ class Trainer:
             summary["stop_reason"] = self.run.stop_reason
         self.hook("on_run_end", self.run, summary)
         if self.logger is not None:
-            self.logger.close()
+            self.logger.close(summary)
         return summary

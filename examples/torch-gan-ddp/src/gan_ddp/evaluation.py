@@ -17,11 +17,43 @@ import torch
 from . import distributed
 from .collect import Gather, Mean, check_eval_values
 from .config import TrainConfig
+from .ema import WeightAverage
 from .errors import StepError, TrainingError, user_code_error
+from .loaders import Loaders
 from .metrics import dataset_metrics
 from .step import eval_step
 
 RESERVED = ("samples", "epoch", "step", "lr")
+
+
+class Evaluator:
+    """Evaluates a split with the trained weights and, with --ema-decay, with their moving average."""
+
+    def __init__(
+        self,
+        loaders: Loaders,
+        models: Any,
+        config: TrainConfig,
+        autocast: Callable[[], contextlib.AbstractContextManager[None]],
+        device: torch.device,
+        ema: WeightAverage | None,
+    ) -> None:
+        self.loaders, self.models, self.config = loaders, models, config
+        self.autocast, self.device, self.ema = autocast, device, ema
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
+        results = self._evaluate(split)
+        if self.ema is not None:
+            with self.ema.swapped_in():
+                averaged = self._evaluate(split)
+            del averaged[f"{split}_samples"]
+            results.update({name.replace(split, f"{split}_ema", 1): value for name, value in averaged.items()})
+        return results
+
+    def _evaluate(self, split: str) -> dict[str, float]:
+        batches = self.loaders.evaluation_batches(split)
+        return evaluate_split(split, batches, self.models, self.config, self.autocast, self.device)
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ Managed by the looptpl template: put your own code in step.py and optim.py.
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +15,9 @@ from . import distributed
 from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .distributed import Runtime
+from .ema import WeightAverage
 from .errors import StepError, user_code_error
+from .profiling import UpdateProfiler
 from .stages import Stage, only_training
 from .step import train_step
 
@@ -44,12 +47,15 @@ class TrainStep:
         models: Any,
         stages: list[Stage],
         autocast: Callable[[], contextlib.AbstractContextManager[None]],
+        ema: WeightAverage | None,
     ) -> None:
         self.config = config
         self.runtime = runtime
         self.models = models  # what step.py receives: one module, or the dict of them
         self.stages = stages
         self.autocast = autocast
+        self.ema = ema  # --ema-decay: averaged after every update applied
+        self.profiler = UpdateProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
         self.per = "sample"  # what one unit of the first optimizer's loss weight is (Mean's `per`)
 
     def __call__(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
@@ -94,6 +100,9 @@ class TrainStep:
         for losses in steps:
             if next(losses, None) is not None:
                 raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
+        if applied and self.ema is not None:
+            self.ema.update()
+        self.profiler.step()
         return totals, applied
 
     def _losses(self, batch: Any) -> Iterator[tuple[str, Mean]]:
