@@ -566,3 +566,40 @@ def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, in
     result = looptpl("update", str(project))
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert "You deleted" not in result.stdout and ENGINE_FIX in (project / "src" / "proj" / "engine.py").read_text()
+
+
+def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    filled = edit_like_a_user(project)
+    (project / "src" / "proj" / "mine.py").write_text("from proj.model import build_model\n\nENTRY = 'proj.train'\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "My module")
+    refused = looptpl("rename", "json", str(project))
+    assert refused.exit_code == 2 and "would shadow the module 'json'" in refused.stderr
+    assert git(project, "status", "--porcelain") == ""
+
+    result = looptpl("rename", "vision", str(project))
+    assert result.exit_code == 0, result.stderr
+    package = project / "src" / "vision"
+    assert not (project / "src" / "proj").exists() and answers(project)["package_name"] == "vision"
+    for path, text in filled.items():  # yours, moved as they are: they import their siblings relatively
+        assert (package / path.name).read_text() == text
+    assert USER_ENGINE_NOTE in (package / "engine.py").read_text()
+    assert (package / "mine.py").read_text() == "from vision.model import build_model\n\nENTRY = 'vision.train'\n"
+    assert "from vision.ema import" in (project / "tests" / "test_training.py").read_text()  # the template's files too
+    readme = (project / "README.md").read_text()
+    assert "python -m vision.train" in readme and USER_README_LINE in readme
+    assert "README.md:1: # proj" in result.stdout  # the project's name, not the package's: shown, left to the user
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "Rename the package")
+
+    install(V2)
+    updated = looptpl("update", str(project))
+    assert updated.exit_code == 0, (updated.stdout, updated.stderr)
+    assert ENGINE_FIX in (package / "engine.py").read_text() and (package / "notes.py").is_file()
+    assert not (project / "src" / "proj").exists()  # no stray package under the old name
+    train = [sys.executable, "-m", "vision.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
+    environment = {**os.environ, "PYTHONPATH": str(project / "src")}
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=300, env=environment)
+    assert trained.returncode == 0, trained.stdout[-3000:]

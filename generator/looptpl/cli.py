@@ -341,6 +341,33 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
 
 @app.command()
 @reports_errors
+def rename(
+    new_name: Annotated[str, typer.Argument(help="The package's new name, a Python identifier (my_model).")],
+    path: Annotated[
+        Path, typer.Argument(help="The generated project's folder; a git repository with no uncommitted changes.")
+    ] = Path("."),
+) -> None:
+    """Rename the project's package (src/OLD to src/NEW, its imports and the answers file) so later updates
+    follow it; your edits are kept. Exit 3 if files need attention."""
+    from looptpl.rename import rename_package
+
+    renamed = rename_package(path, new_name)
+    typer.echo(f"Renamed the package {renamed.old} to {renamed.new} in {path}:")
+    typer.echo("\n".join(f"  {line}" for line in renamed.changed))
+    if renamed.mentions:
+        typer.echo(f"These lines still say {renamed.old}; change the ones that mean the package:")
+        typer.echo("\n".join(f"  {line}" for line in renamed.mentions))
+    if renamed.conflicts:
+        typer.echo("Your edits and the rename change the same lines here; each file has conflict markers:")
+        typer.echo("\n".join(f"  {name}" for name in renamed.conflicts))
+        typer.echo("Keep what you need and delete the markers, run the tests, then commit.")
+        typer.echo(f"{len(renamed.conflicts)} file(s) need attention: {', '.join(renamed.conflicts)}", err=True)
+        raise typer.Exit(NEEDS_ATTENTION)
+    typer.echo("Review with `git diff`, run the tests, then commit (or undo it with `git reset --hard`).")
+
+
+@app.command()
+@reports_errors
 def check(
     path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
 ) -> None:

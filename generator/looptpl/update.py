@@ -87,7 +87,7 @@ def update_project(
     `strategy`, switch the project to that strategy of its backend at the same time."""
     answers = read_answers(project)
     changes = _strategy_change(answers, strategy)
-    top = _check_repository(project)
+    top = check_repository(project)
     plan = plan_update(project)
     if plan.status is Status.NEWER:
         fix = f"check out a newer commit in {plan.template.url}" if plan.template.checkout else "pip install -U looptpl"
@@ -97,7 +97,7 @@ def update_project(
         )
     if plan.status is Status.CURRENT and not changes:
         return Outcome(plan)
-    _check_package(project, answers)
+    check_package(project, answers)
     first = _generation_commit(project)
     with tempfile.TemporaryDirectory(prefix="looptpl-renders-") as renders:
         # Before anything changes: what the project's template version made of its answers, and what
@@ -169,7 +169,7 @@ def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratc
 
     data = {key: value for key, value in answers.items() if not key.startswith("_")}
     sides = (scratch / "old", plan.current, data), (scratch / "new", plan.template.ref, {**data, **changes})
-    with _copier_failures("rendered"):
+    with copier_failures("rendered"):
         for folder, ref, values in sides:
             copier.run_copy(str(plan.template.path), folder, data=values, vcs_ref=ref, defaults=True, quiet=True)
     return scratch / "old", scratch / "new"
@@ -233,7 +233,7 @@ def _generation_commit(project: Path) -> str:
     return found[-1] if found else ""
 
 
-def _check_package(project: Path, answers: dict[str, Any]) -> None:
+def check_package(project: Path, answers: dict[str, Any]) -> None:
     """The package folder the answers name must exist: copier cannot follow a renamed package.
 
     Its old render would have the package under the recorded name, the project has it elsewhere, so
@@ -348,7 +348,7 @@ def _version(tag: str) -> Version | None:
         return None
 
 
-def _check_repository(project: Path) -> Path:
+def check_repository(project: Path) -> Path:
     """The top of the project's git repository, which must have a commit and no uncommitted changes."""
     require_git("updates merge through git")
     top = git("rev-parse", "--show-toplevel", cwd=project, check=False).strip()
@@ -374,7 +374,7 @@ def _run_copier(project: Path, ref: str, conflict: Conflict, changes: dict[str, 
     from plumbum import local  # copier runs git through plumbum, whose environment is set here
 
     # Copier commits in scratch repositories; give git an identity where none is configured.
-    with _copier_failures("merged"), local.env(**identity_if_missing(project)):
+    with copier_failures("merged"), local.env(**identity_if_missing(project)):
         copier.run_update(
             project,
             vcs_ref=ref,
@@ -388,7 +388,7 @@ def _run_copier(project: Path, ref: str, conflict: Conflict, changes: dict[str, 
 
 
 @contextmanager
-def _copier_failures(action: str) -> Iterator[None]:
+def copier_failures(action: str) -> Iterator[None]:
     """Copier's warnings hidden, and its failure or a Ctrl-C/SIGTERM as one line saying nothing was changed."""
     from copier.errors import CopierError
 
