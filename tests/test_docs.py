@@ -256,6 +256,12 @@ COVERED = (
         "needs two template versions; the test updates a project from v1 to v2",
     ),
     Covered(
+        r"looptpl rename \S+",
+        UPDATE_TESTS,
+        ("def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name", 'looptpl("rename", "vision"'),
+        "needs two template versions; the test renames a filled-in project, then updates it",
+    ),
+    Covered(
         r"copier update",
         UPDATE_TESTS,
         ("def test_plain_copier_copy_and_copier_update_keep_every_user_edit", '"copier", "update"'),

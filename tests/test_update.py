@@ -460,7 +460,7 @@ def test_update_outside_a_project_as_a_subprocess(tmp_path):
     assert result.stdout.strip() == f"error: {tmp_path} {no_answers}"
 
 
-@pytest.mark.parametrize("command", ["update", "check"])
+@pytest.mark.parametrize("command", ["update", "check", "rename"])
 def test_help(command):
     result = looptpl(command, "--help")
     assert result.exit_code == 0 and "Usage" in result.stdout
