@@ -80,6 +80,34 @@ def make_v2_fix(root: Path) -> None:
     (template_file(root, "engine.py").parent / "notes.py").write_text('"""Added by template v1.1.0."""\n')
 
 
+def move_make_autocast(root: Path) -> None:
+    """A template change that moves code between files: make_autocast leaves train_step.py for a new precision.py."""
+    step = template_file(root, "train_step.py")
+    text = step.read_text()
+    start, end = text.index("AUTOCAST_DTYPES = "), text.index("def compile_model(")
+    step.write_text(
+        text[:start]
+        + text[end:].replace("class TrainStep", "from .precision import make_autocast  # noqa\n\n\nclass TrainStep")
+    )
+    header = (
+        '"""Autocast for --precision."""\n\nimport contextlib\nfrom collections.abc import Callable\n\nimport torch\n\n'
+    )
+    (step.parent / "precision.py").write_text(header + text[start:end].rstrip() + "\n")
+
+
+def tagged_repository(root: Path, change: Callable[[Path], None]) -> Path:
+    """This checkout's template as v1.0.0 and with `change` as v1.1.0, in a git repository at `root`."""
+    copy_template(root)
+    env = {**os.environ, **GIT_IDENTITY}
+    for version, step in ((V1, None), (V2, change)):
+        if step:
+            step(root)
+        for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", f"Template {version}"]):
+            subprocess.run(command, cwd=root, check=True, env=env)
+        subprocess.run(["git", "tag", version], cwd=root, check=True)
+    return root
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
     """A template store of this test's own, and a git identity for the commits the tests make."""
@@ -91,27 +119,19 @@ def isolated(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def template_repo(tmp_path_factory) -> Path:
     """A template repository tagged v1.0.0 (this checkout's template) and v1.1.0 (with the fix)."""
-    repo = tmp_path_factory.mktemp("template-repo")
-    copy_template(repo)
-    env = {**os.environ, **GIT_IDENTITY}
-    for version, change in ((V1, None), (V2, make_v2_fix)):
-        if change:
-            change(repo)
-        for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", f"Template {version}"]):
-            subprocess.run(command, cwd=repo, check=True, env=env)
-        subprocess.run(["git", "tag", version], cwd=repo, check=True)
-    return repo
+    return tagged_repository(tmp_path_factory.mktemp("template-repo"), make_v2_fix)
 
 
 @pytest.fixture
-def install(tmp_path, monkeypatch, template_repo) -> Callable[[str], Path]:
-    """Make the in-process looptpl an installed release shipping the template at `tag` (an export, no .git)."""
+def install(tmp_path, monkeypatch, template_repo) -> Callable[..., Path]:
+    """Make the in-process looptpl an installed release shipping the template at `tag` (an export, no .git)
+    of `repository` (by default the one tagged v1.0.0 and v1.1.0 with the fix)."""
 
-    def install_tag(tag: str) -> Path:
-        package = tmp_path / f"site-{tag}" / "looptpl"
+    def install_tag(tag: str, repository: Path = template_repo) -> Path:
+        package = tmp_path / f"site-{repository.name}-{tag}" / "looptpl"
         if not package.exists():
-            archive = tmp_path / f"{tag}.tar"
-            git(template_repo, "archive", "--output", str(archive), tag)
+            archive = tmp_path / f"{repository.name}-{tag}.tar"
+            git(repository, "archive", "--output", str(archive), tag)
             (package / "_template").mkdir(parents=True)
             subprocess.run(["tar", "-xf", str(archive), "-C", str(package / "_template")], check=True)
         monkeypatch.setattr(template_source, "PACKAGE_DIR", package)
@@ -203,8 +223,11 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
     trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
     assert trained.returncode == 0, trained.stdout[-5000:]
-    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, timeout=1200)
-    assert tests.returncode == 0, tests.stdout[-8000:]
+    # The updated project's own tests run (a few: the whole suite of this template version runs in
+    # tests/test_generated_projects.py), user edits and merged test files included.
+    own = ["tests/test_hooks.py", "tests/test_trackers.py", "tests/test_no_conflict_markers.py"]
+    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *own], cwd=project, timeout=1200)
+    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-8000:]
 
 
 def test_a_project_inside_a_monorepo_joins_it_and_updates_there(tmp_path, install):
@@ -603,3 +626,22 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
     environment = {**os.environ, "PYTHONPATH": str(project / "src")}
     trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=300, env=environment)
     assert trained.returncode == 0, trained.stdout[-3000:]
+
+
+def test_an_edit_to_code_the_template_moved_is_named_with_where_the_code_went(tmp_path, install):
+    # v1.1.0 of this template moves make_autocast from train_step.py to precision.py; the user had edited it,
+    # and copier alone would leave that edit where the function used to be.
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    step = project / "src" / "proj" / "train_step.py"
+    step.write_text(step.read_text().replace("    if dtype is None:", "    if dtype is None:  # mine: fp32 on CPUs"))
+    git(project, "commit", "-qam", "My autocast")
+    edited = step.read_text().splitlines().index("    if dtype is None:  # mine: fp32 on CPUs") + 1
+    install(V2, tagged_repository(tmp_path / "moving-template", move_make_autocast))
+    for dry_run in (["--dry-run"], []):
+        result = looptpl("update", str(project), *dry_run)
+        assert result.exit_code == 3, (result.stdout, result.stderr)
+        assert (
+            f"src/proj/train_step.py line {edited}: that template code is now in src/proj/precision.py" in result.stdout
+        )
+        assert "need attention: src/proj/train_step.py" in result.stderr

@@ -297,7 +297,9 @@ def update(
     report_update(path, outcome, conflict, dry_run)
     # A dry run that foresees a conflict fails too, so a script or CI job notices; files the user deleted
     # stay deleted on every update, so they fail the update itself only.
-    attention = outcome.conflicts if dry_run else [*outcome.conflicts, *outcome.deleted]
+    stranded = sorted({edit.path for edit in outcome.stranded})
+    attention = [*outcome.conflicts, *stranded] if dry_run else [*outcome.conflicts, *stranded, *outcome.deleted]
+    attention = list(dict.fromkeys(attention))  # a file with markers and a stranded edit, named once
     if attention:
         need = "would need" if dry_run else "need"
         typer.echo(f"{len(attention)} file(s) {need} attention: {', '.join(attention)}", err=True)
@@ -317,6 +319,12 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
         where = "has conflict markers (<<<<<<< / >>>>>>>)" if inline else "has a .rej file beside it"
         typer.echo(f"Your edits clash with the template here; each file {where}:")
         typer.echo("\n".join(f"  {name}" for name in outcome.conflicts))
+    if outcome.stranded:
+        typer.echo(
+            "Your edits here changed template code that the new version moved to another file or removed, so "
+            "they may no longer run; check each one and carry it over where the code went:"
+        )
+        typer.echo("\n".join(f"  {edit.describe()}" for edit in outcome.stranded))
     if outcome.deleted:
         typer.echo(
             "You deleted these generated files, so the update left them deleted and the template's fixes to them "

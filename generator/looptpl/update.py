@@ -25,6 +25,7 @@ from looptpl import signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
+from looptpl.moved import StrandedEdit, stranded_edits
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
 from looptpl.validation import description_problem, package_name_problem, project_name_problem
@@ -59,6 +60,8 @@ class Outcome:
     # The template's changes to its own version of files the user owns (kept as they are): unified diffs.
     owned_changes: list[str] = field(default_factory=list)
     strategy: str = ""  # the strategy the project switched to (--strategy), if it did
+    # The user's edits to template code that the new version moved to another file or removed.
+    stranded: list[StrandedEdit] = field(default_factory=list)
 
 
 def plan_update(project: Path) -> Plan:
@@ -105,9 +108,12 @@ def update_project(
         with phase("Rendering the project's template version and the new one..."):
             old, new = _render(plan, answers, changes, Path(renders))
         missing = _missing_generated(project, old)  # deleted by the user before this update
-        owned = _owned_changes(plan, old, new, answers["package_name"])
+        yours = _owned_names(plan, answers["package_name"])
+        owned = _owned_changes(plan, old, new, yours)
+        managed = [name for name in _rendered(old) if name not in yours]
+        stranded = stranded_edits(project, old, new, managed)
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first)
-    return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""))
+    return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""), stranded=stranded)
 
 
 def _merge(
@@ -175,16 +181,25 @@ def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratc
     return scratch / "old", scratch / "new"
 
 
-def _owned_changes(plan: Plan, old: Path, new: Path, package: str) -> list[str]:
-    """Unified diffs of the template's own versions of the user-owned files, from the project's template
-    version (and answers) to the new one: an update keeps the user's files as they are, so a changed
-    default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
-    shard_units in model.py), would never arrive without the user applying it by hand."""
+def _owned_names(plan: Plan, package: str) -> list[str]:
+    """The files the user owns (copier.yml's `_skip_if_exists`), as paths in the project."""
     if plan.template.checkout:  # the working tree, uncommitted edits included, as copier renders it
         text = (plan.template.path / "copier.yml").read_text(encoding="utf-8")
     else:
         text = git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path)
-    owned = [entry.replace("{{ package_name }}", package) for entry in yaml.safe_load(text)["_skip_if_exists"]]
+    return [entry.replace("{{ package_name }}", package) for entry in yaml.safe_load(text)["_skip_if_exists"]]
+
+
+def _rendered(render: Path) -> list[str]:
+    """Every file of a render, as paths in the project."""
+    return [path.relative_to(render).as_posix() for path in render.rglob("*") if path.is_file()]
+
+
+def _owned_changes(plan: Plan, old: Path, new: Path, owned: list[str]) -> list[str]:
+    """Unified diffs of the template's own versions of the user-owned files, from the project's template
+    version (and answers) to the new one: an update keeps the user's files as they are, so a changed
+    default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
+    shard_units in model.py), would never arrive without the user applying it by hand."""
     diffs = []
     for name in owned:
         if not ((old / name).is_file() and (new / name).is_file()):
@@ -278,8 +293,7 @@ def read_answers_at(project: Path, commit: str) -> dict[str, Any]:
 def _missing_generated(project: Path, old: Path) -> list[str]:
     """The files the project's template version makes of its answers that the project no longer has: the
     user deleted them (files of a strategy the project left, or of a version before, are not among them)."""
-    made = [path.relative_to(old).as_posix() for path in old.rglob("*") if path.is_file() and ".git" not in path.parts]
-    return sorted(path for path in made if not (project / path).exists())
+    return sorted(path for path in _rendered(old) if not (project / path).exists())
 
 
 def _with_deleted(outcome: Outcome, project: Path, missing: list[str], first: str) -> Outcome:
