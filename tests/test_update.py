@@ -285,6 +285,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     preview = looptpl("update", str(project), "--dry-run")
     assert preview.exit_code == 3 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
     assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
+    assert "moved to another file or removed" not in preview.stdout  # rewritten in place: a clash, not a move
     # data.py is the user's: an update keeps it as it is, and shows what the template changed in its own.
     assert "+++ src/proj/data.py\t(template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
     assert git(project, "status", "--porcelain") == ""

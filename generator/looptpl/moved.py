@@ -4,16 +4,15 @@ Copier replays a user's edit where it was made. When the new template version mo
 another file (the train step from engine.py to train_step.py, say), the edit either clashes with
 the removal or, worse, lands as a block that nothing calls any more: the project then trains
 without it, silently. An update looks for such edits before merging: an edit is stranded when
-every template line it changed (or, for added lines, every template line around them) is gone
-from that file in the new version. Where most of those lines now are in another file, that is
-where the code went.
+every template line it changed, and every one around it, is gone from that file in the new
+version. Where most of those lines now are in another file, that is where the code went.
 """
 
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTEXT = 2  # template lines on each side of added lines that place them
+CONTEXT = 2  # template lines on each side of an edit that place it
 MEANINGFUL = 12  # characters a stripped line needs to identify code (not `)`, `else:` or `return x`)
 
 
@@ -48,8 +47,10 @@ def stranded_edits(project: Path, old: Path, new: Path, paths: list[str]) -> lis
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if tag == "equal":
                 continue
-            changed = template[i1:i2] if tag != "insert" else template[max(0, i1 - CONTEXT) : i1 + CONTEXT]
-            anchors = {line.strip() for line in changed if len(line.strip()) >= MEANINGFUL}
+            # The template lines the edit changed and those around it: code rewritten in place keeps
+            # some of its surroundings, moved or removed code takes them along.
+            region = template[max(0, i1 - CONTEXT) : i2 + CONTEXT]
+            anchors = {line.strip() for line in region if len(line.strip()) >= MEANINGFUL}
             if not anchors or anchors & remaining:
                 continue  # the template still has (some of) that code here: copier merges the edit in place
             holders = {other: len(anchors & lines) for other, lines in new_files.items() if other != name}
