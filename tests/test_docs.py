@@ -217,7 +217,7 @@ COVERED = (
     ),
     Covered(
         rf"{TRAIN} --epochs \d+ (--stop-after-epoch \d+|--resume)",
-        TRAINING_TESTS,
+        "myproj/tests/test_resume.py",
         ("def test_resume_gives_the_same_result_as_an_uninterrupted_run", '"--stop-after-epoch"', '"--resume"'),
         "a long run; the test stops a run, resumes it and compares it with an uninterrupted one",
     ),
