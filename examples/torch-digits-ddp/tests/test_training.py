@@ -8,39 +8,31 @@ import importlib.util
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
-import torch
 from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
-    final_average,
     final_weights,
     finish,
     metrics,
     run_training,
     sources_with_a_nan_training_sample,
     sources_with_dropout,
-    sources_with_random_augmentation,
     start_training,
     step_records,
     summary,
 )
 from project import (
-    final_test,
     losses,
     monitored_improved,
     project_settings,
     split_sizes,
     updates_per_epoch,
 )
-
-from digits_ddp.ema import WeightAverage
 
 
 @pytest.fixture(scope="module")
@@ -145,63 +137,6 @@ def test_gradient_accumulation_matches_one_big_batch(runs):
     assert_same_metrics(metrics(root / "one_batch"), metrics(root / "accum"), rel=1e-4)
 
 
-def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
-    straight = start_training(tmp_path / "straight", "--epochs", "4")  # meanwhile, the run to compare with
-    run_training(tmp_path / "resumed", "--epochs", "4", "--stop-after-epoch", "2")
-    assert not (tmp_path / "resumed" / "summary.json").exists()
-    run_training(tmp_path / "resumed", "--epochs", "4", "--resume")
-    finish(straight)
-    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
-    assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
-    assert final_test(tmp_path / "straight") == final_test(tmp_path / "resumed")
-
-
-def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_workers(tmp_path):
-    # Random augmentation in data.py: the resumed run loads with 2 DataLoader workers, the
-    # uninterrupted one in the main process. Each sample's draws depend on the seed, the epoch and
-    # its index only, and dropout's on the generator state the checkpoint holds, so both runs end
-    # with the same weights, to the bit.
-    # The moving average of the weights (--ema-decay) resumes with them.
-    sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
-    flags = ("--epochs", "3", "--checkpoint-every", "10", "--ema-decay", "0.9")
-    straight = start_training(tmp_path / "straight", *flags, sources=sources)  # meanwhile, the run to compare with
-    workers = ("--num-workers", "2")
-    stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
-    assert "stopped after update 23, checkpointed; continue with --resume" in stopped.stdout
-    written = sorted(path.name for path in (tmp_path / "resumed" / "checkpoints").iterdir())
-    # Part-way through epoch 2 (16 updates per epoch): after update 20 and at the stop; the newest two are kept.
-    assert written == ["best.pt", "epoch-0002-step-00000020.pt", "epoch-0002-step-00000023.pt"]
-    run_training(tmp_path / "resumed", *flags, *workers, "--resume", sources=sources)
-    finish(straight)
-    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
-    assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))
-    assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
-    assert {"val_ema_loss", "val_loss"} <= set(metrics(tmp_path / "resumed")[-1])
-
-
-def test_the_weight_average_follows_its_formula_and_loads_from_its_state():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    average = WeightAverage(model, decay=0.75)
-    expected: dict[str, torch.Tensor] = {}
-    for update in range(3):
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(torch.randn_like(parameter))
-        average.update()
-        weights = {name: value.clone() for name, value in model.state_dict().items()}
-        # The first update copies the weights; then average = 0.75 * average + 0.25 * weights.
-        expected = weights if update == 0 else {name: 0.75 * expected[name] + 0.25 * weights[name] for name in weights}
-    for restored in (average, WeightAverage(model, decay=0.75)):
-        if restored is not average:
-            restored.load_state_dict(average.state_dict())
-        with restored.swapped_in():
-            for name, value in model.state_dict().items():
-                torch.testing.assert_close(value, expected[name], msg=name)
-        for name, value in model.state_dict().items():  # and then the model's own weights again
-            torch.testing.assert_close(value, weights[name], atol=0, rtol=0, msg=name)
-
-
 def test_max_steps_ends_part_way_through_an_epoch(runs):
     root, _ = runs
     records = metrics(root / "max_steps")
@@ -236,27 +171,6 @@ def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
     # Stopped and resumed part-way, the run logs each record once, the same as the uninterrupted run.
     assert step_records(tmp_path / "resumed") == steps
     assert_same_weights(final_weights(tmp_path / "plain"), final_weights(tmp_path / "resumed"))
-
-
-def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path):
-    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every
-    # boundary with a checkpoint, exit status 143, and --resume carries on as if nothing happened.
-    flags = ("--epochs", "8", "--log-every", "1")
-    straight = start_training(tmp_path / "straight", *flags)  # meanwhile, the run to compare with
-    training = start_training(tmp_path / "stopped", *flags)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    training.process.send_signal(signal.SIGTERM)
-    result = finish(training, expect_success=False)
-    assert result.returncode == 143, result.stdout
-    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
-    assert "stopped by SIGTERM after" in result.stdout
-    assert not list((tmp_path / "stopped").rglob("*.tmp"))
-    run_training(tmp_path / "stopped", *flags, "--resume")
-    finish(straight)
-    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
-    assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
 
 
 def test_early_stopping_ends_the_run(runs):
