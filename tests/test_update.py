@@ -611,7 +611,7 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
         assert (package / path.name).read_text() == text
     assert USER_ENGINE_NOTE in (package / "engine.py").read_text()
     assert (package / "mine.py").read_text() == "from vision.model import build_model\n\nENTRY = 'vision.train'\n"
-    assert "from vision.ema import" in (project / "tests" / "test_training.py").read_text()  # the template's files too
+    assert "from vision.ema import" in (project / "tests" / "test_ema.py").read_text()  # the template's files too
     readme = (project / "README.md").read_text()
     assert "python -m vision.train" in readme and USER_README_LINE in readme
     assert "README.md:1: # proj" in result.stdout  # the project's name, not the package's: shown, left to the user
