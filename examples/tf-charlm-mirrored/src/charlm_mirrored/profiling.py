@@ -1,5 +1,6 @@
-"""--profile: a trace of a few calls of the train step with TensorFlow's profiler. Managed by the
-looptpl template.
+"""--profile: a trace of a few calls of the train step, with TensorFlow's profiler.
+
+Managed by the looptpl template.
 
 The first call of the run (or of a resumed run) traces and compiles the step and is left alone;
 calls 2 to 4 are recorded (each of up to --steps-per-call updates), input pipeline included. Each

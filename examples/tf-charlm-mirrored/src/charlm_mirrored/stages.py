@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from .config import TrainConfig
 from .ema import keep_average
 from .errors import DataError
 
@@ -58,11 +59,9 @@ def split_models(built: object) -> tuple[dict[str, keras.Model], dict[str, keras
     return trained, {name: model for name, model in models.items() if name not in trained}
 
 
-def build_stages(
-    optimizers: object, trained: dict[str, keras.Model], loss_scaling: bool, ema_decay: float
-) -> list[Stage]:
+def build_stages(optimizers: object, trained: dict[str, keras.Model], config: TrainConfig) -> list[Stage]:
     """One stage per optimizer from optim.py, in its order, each updating the model of the same name;
-    with an `ema_decay`, each optimizer also averages the weights it updates (ema.py)."""
+    with --ema-decay, each optimizer also averages the weights it updates (ema.py)."""
     named: dict[str, object] = optimizers if isinstance(optimizers, dict) else {"model": optimizers}
     if sorted(named) != sorted(trained):
         raise DataError(
@@ -75,9 +74,9 @@ def build_stages(
             raise DataError(
                 f"optim.py: build_optimizer must return a keras optimizer or a dict of them; {name!r} is {optimizer!r}"
             )
-        if ema_decay:
-            keep_average(optimizer, ema_decay)
-        if loss_scaling:
+        if config.ema_decay:
+            keep_average(optimizer, config.ema_decay)
+        if config.precision == "fp16":
             # fp16 gradients can underflow: the loss is scaled up before backprop; an update with
             # inf/NaN gradients is skipped and the scale lowered.
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

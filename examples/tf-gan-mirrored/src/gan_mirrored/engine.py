@@ -67,9 +67,7 @@ class Trainer:
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             schedule = build_schedule(config, self.total_updates)
             # One stage per optimizer, each updating the model of the same name (stages.py).
-            self.stages = build_stages(
-                build_optimizer(config, schedule), trained, config.precision == "fp16", config.ema_decay
-            )
+            self.stages = build_stages(build_optimizer(config, schedule), trained, config)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
             # Written part-way through an epoch: its updates done, and its running totals (train_epoch).
@@ -126,10 +124,9 @@ class Trainer:
         # of applied updates, all weight, skipped updates (train_step.py). A resumed epoch goes on
         # from the totals its checkpoint holds.
         epoch_totals, window = tf.unstack(self.running) if first else (tf.zeros([len(self.stages), 4], tf.float64),) * 2
-        samples = 0
         dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch, first)
         batches = iter(dataset)
-        updates, log_every = first, self.config.log_every
+        updates, samples, log_every = first, 0, self.config.log_every
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
             count = self.train_step.updates_in_next_call(updates, epoch * self.updates_per_epoch + updates, end)
@@ -158,7 +155,8 @@ class Trainer:
                     raise TrainingError(self.train_step.not_finite_message(stage, where))
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
-                stop = self.terminate
+                # A SIGTERM may reach some processes only: if any got one, all stop here.
+                stop = self.terminate = self.runtime.any_worker(self.terminate)
                 if self.runtime.any_worker(bool(self.run.stop_reason)):
                     end = updates  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
                     break
@@ -193,9 +191,8 @@ class Trainer:
         """Show and log the training loss of the updates since the last call; validate if asked."""
         record: dict[str, Any] = {"epoch": epoch + 1, "step": int(self.step.numpy())}
         losses = mean_losses(self.stages, window.numpy())  # NaN where --nan-policy skip dropped every update
-        record.update(losses)
+        record.update(losses, lr=float(self.stages[0].optimizer.learning_rate))
         self.progress.update(updates, samples, next(iter(losses.values())))
-        record["lr"] = float(self.stages[0].optimizer.learning_rate)
         if validate:
             record.update(self.evaluate("val"))
         record.update(self.hook.added("on_log", record))
@@ -220,7 +217,7 @@ class Trainer:
             print(f"resumed from epoch {epoch}, step {int(self.step.numpy())}{within}", flush=True)
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.terminate:
+        if not self.terminate and self.runtime.is_chief:
             print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
         self.terminate = True
 
@@ -265,6 +262,7 @@ class Trainer:
                     print(f"stopping: {self.run.stop_reason}", flush=True)
                 stopped_early = True
                 break
+            self.terminate = self.runtime.any_worker(self.terminate)
             if self.terminate or epoch + 1 == self.config.stop_after_epoch:
                 self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {epoch + 1}"
                 return None
