@@ -3,9 +3,12 @@
 Maintainers run it after a template change: `python .ci/refresh_examples.py`. Template-managed
 files are replaced by a fresh render with the example's answers; user files (copier.yml's
 _skip_if_exists) stay as the example wrote them, and ones the example lacks (a user file the
-template added since) come from the render.
+template added since) come from the render. Its answers file names the template by where it is in a
+clone of this repository (../..) and by the release the example ships with, never by a path of the
+machine that refreshed it.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +41,17 @@ def refresh(example: Path) -> None:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
+    write_answers(example, answers)
     print(f"refreshed {example.relative_to(REPO)}")
+
+
+def write_answers(example: Path, answers: dict[str, object]) -> None:
+    """The example's answers, with the template as a clone of this repository has it."""
+    version = re.search(r'__version__ = "(.+)"', (REPO / "generator" / "looptpl" / "__init__.py").read_text())
+    assert version is not None
+    portable = {**answers, "_commit": f"v{version.group(1)}", "_src_path": "../.."}
+    header = "# Changes here will be overwritten by Copier; NEVER EDIT MANUALLY\n"
+    (example / ".copier-answers.yml").write_text(header + yaml.safe_dump(portable, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -123,6 +123,13 @@ def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
+def test_example_answers_carry_no_path_of_the_machine_that_made_it(example):
+    recorded = answers(REPO_ROOT / "examples" / example)
+    version = looptpl("--version").stdout.split()[-1]
+    assert recorded["_src_path"] == "../.." and recorded["_commit"] == f"v{version}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
 def test_example_has_no_todos_left(example):
     result = looptpl("todo", str(example))
     assert result.exit_code == 0, result.stdout + result.stderr
