@@ -161,6 +161,21 @@ def test_every_name_copier_refuses_is_refused_first():
     assert [name for name in names if package_name_problem(name) is None] == []
 
 
+def test_copier_yml_offers_exactly_the_variants_looptpl_knows():
+    """Plain copier users answer copier.yml's questions: its choices, validator and default must follow variants.py."""
+    from looptpl.variants import BACKENDS, VARIANTS, strategies
+
+    questions = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())
+    assert list(questions["backend"]["choices"].values()) == list(BACKENDS)
+    assert list(questions["strategy"]["choices"].values()) == [variant.strategy for variant in VARIANTS]
+    validator = questions["strategy"]["validator"]
+    for backend, listed in zip(BACKENDS, re.findall(r"_strategies = \[(.*?)\]", validator), strict=True):
+        assert re.findall(r"'([a-z-]+)'", listed) == strategies(backend)
+    # "{{ 'single' if backend == 'torch' else 'one-device' }}": each backend's first strategy.
+    defaults = re.findall(r"'([a-z-]+)'", questions["strategy"]["default"])
+    assert defaults == [strategies("torch")[0], "torch", strategies("tensorflow")[0]]
+
+
 def installed_modules(distribution: str) -> set[str]:
     """The top-level modules a distribution and its dependencies (no extras) install, as the project imports them."""
     from importlib import metadata

@@ -16,7 +16,7 @@ import typer
 from looptpl import __version__, signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
-from looptpl.variants import BACKENDS, VARIANTS
+from looptpl.variants import BACKENDS, VARIANTS, find_variant
 
 if TYPE_CHECKING:
     from looptpl.update import Outcome
@@ -201,13 +201,7 @@ def new(
 def report_created(destination: str, answers: dict[str, str], example: str | None = None) -> None:
     """Tell the user what they got and what to run next."""
     package, strategy = answers["package_name"], answers["strategy"]
-    launch = {
-        "single": f"python -m {package}.train --epochs 3",
-        "ddp": f"torchrun --standalone --nproc-per-node 2 -m {package}.train --device cpu --epochs 3",
-        "fsdp": f"torchrun --standalone --nproc-per-node 2 -m {package}.train --device cpu --epochs 3",
-        "mirrored": f"python -m {package}.train --cpu-replicas 2 --epochs 3",
-        "multi-worker": f"python -m {package}.launch --workers 2 -- --epochs 3",
-    }.get(strategy, f"python -m {package}.train --epochs 3")
+    launch = find_variant(answers["backend"], strategy).first_run.replace("PKG", package)
     typer.echo(f"Created {destination} ({answers['backend']}, {strategy}).")
     typer.echo("Next:")
     typer.echo(f"  cd {destination}")

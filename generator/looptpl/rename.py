@@ -46,7 +46,7 @@ def rename_package(project: Path, new: str) -> Renamed:
         raise LooptplError(f"src/{new} already exists; remove it or choose another name")
     top = check_repository(project)
     check_package(project, answers)
-    plan = plan_update(project)
+    plan = plan_update(project, answers)
     if plan.status is Status.NEWER:
         raise LooptplError(
             f"{project} uses template {plan.current}, newer than this looptpl's {plan.template.label}; upgrade "

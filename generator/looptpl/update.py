@@ -64,9 +64,10 @@ class Outcome:
     stranded: list[StrandedEdit] = field(default_factory=list)
 
 
-def plan_update(project: Path) -> Plan:
-    """Compare the project's template version with this looptpl's; errors name what blocks an update."""
-    answers = read_answers(project)
+def plan_update(project: Path, answers: dict[str, Any] | None = None) -> Plan:
+    """Compare the project's template version with this looptpl's; errors name what blocks an update.
+    `answers`: the project's, when the caller has read them already."""
+    answers = read_answers(project) if answers is None else answers
     source, current = answers.get("_src_path"), answers.get("_commit")
     if not isinstance(source, str) or not isinstance(current, str):
         raise LooptplError(
@@ -91,7 +92,7 @@ def update_project(
     answers = read_answers(project)
     changes = _strategy_change(answers, strategy)
     top = check_repository(project)
-    plan = plan_update(project)
+    plan = plan_update(project, answers)
     if plan.status is Status.NEWER:
         fix = f"check out a newer commit in {plan.template.url}" if plan.template.checkout else "pip install -U looptpl"
         raise LooptplError(

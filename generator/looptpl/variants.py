@@ -12,40 +12,52 @@ class Variant:
     backend: str
     strategy: str
     when: str
-    launch: str
+    launch: str  # how its project is launched, in general (N processes, PKG the package)
+    first_run: str  # what `looptpl new` suggests running first: a short run on this machine's CPUs
 
 
 VARIANTS = (
-    Variant("torch", "single", "One process on one CPU or GPU; the simplest loop.", "python -m PKG.train"),
+    Variant(
+        "torch",
+        "single",
+        "One process on one CPU or GPU; the simplest loop.",
+        "python -m PKG.train",
+        "python -m PKG.train --epochs 3",
+    ),
     Variant(
         "torch",
         "ddp",
         "DistributedDataParallel: one process per GPU, one or many nodes; the model fits on one GPU.",
         "torchrun --standalone --nproc-per-node N -m PKG.train",
+        "torchrun --standalone --nproc-per-node 2 -m PKG.train --device cpu --epochs 3",
     ),
     Variant(
         "torch",
         "fsdp",
         "FSDP2: shards parameters, gradients and optimizer state; the model is too big for one GPU.",
         "torchrun --standalone --nproc-per-node N -m PKG.train",
+        "torchrun --standalone --nproc-per-node 2 -m PKG.train --device cpu --epochs 3",
     ),
     Variant(
         "tensorflow",
         "one-device",
         "OneDeviceStrategy: one CPU or GPU.",
         "python -m PKG.train",
+        "python -m PKG.train --epochs 3",
     ),
     Variant(
         "tensorflow",
         "mirrored",
         "MirroredStrategy: every GPU of one machine (or N logical CPU devices).",
         "python -m PKG.train [--cpu-replicas N]",
+        "python -m PKG.train --cpu-replicas 2 --epochs 3",
     ),
     Variant(
         "tensorflow",
         "multi-worker",
         "MultiWorkerMirroredStrategy: several machines, each given TF_CONFIG.",
         "python -m PKG.launch --workers N",
+        "python -m PKG.launch --workers 2 -- --epochs 3",
     ),
 )
 
