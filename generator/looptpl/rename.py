@@ -27,9 +27,8 @@ class Renamed:
     old: str
     new: str
     changed: list[str] = field(default_factory=list)  # `git status` lines
-    conflicts: list[str] = field(
-        default_factory=list
-    )  # files where the user's edit and the rename touch the same lines
+    # Files where the user's edits and the rename change the same lines (they hold conflict markers).
+    conflicts: list[str] = field(default_factory=list)
     mentions: list[str] = field(default_factory=list)  # "path:line: text" where the old name is still written
 
 
