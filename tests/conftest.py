@@ -99,11 +99,22 @@ def train_torch(
 
 
 def trained_weights(run_dir: Path) -> dict:
-    """The model weights of a run's newest epoch checkpoint."""
-    import torch
+    """The model weights of a run's newest epoch checkpoint: a file, or the folder FSDP on several
+    ranks writes, read here with torch's own converter (not the project's code)."""
+    import tempfile
 
-    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
-    return torch.load(newest, weights_only=True)["model"]
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    written = [*(run_dir / "checkpoints").glob("epoch-*.pt"), *(run_dir / "checkpoints").glob("epoch-*.dcp")]
+    newest = sorted(written, key=lambda path: path.stem + ".")[-1]
+    if newest.suffix == ".pt":
+        return torch.load(newest, weights_only=True)["model"]
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(newest, Path(scratch) / "whole.pt")
+        shards = torch.load(Path(scratch) / "whole.pt", weights_only=False)["model"]
+    rest = torch.load(newest / "trainer.pt", weights_only=True)["model"]  # what was not sharded (buffers)
+    return {name: shards.get(name, value) for name, value in rest.items()}
 
 
 def relative_difference(left: dict, right: dict) -> float:

@@ -241,6 +241,19 @@ COVERED = (
         flags_in_file=True,
     ),
     Covered(
+        r"python bench/fsdp_checkpoint\.py( --[a-z-]+( \d+)?)*",
+        "bench/fsdp_checkpoint.py",
+        ("def main",),
+        "a minute of timing with two ranks",
+        flags_in_file=True,
+    ),
+    Covered(
+        r"python -m myproj\.consolidate \S+ \S+( --weights-only)?",
+        "templates/torch/tests/{% if strategy != 'single' %}test_distributed.py{% endif %}.jinja",
+        ("def test_every_rank_writes_its_own_shards_and_consolidate_puts_them_together", '"--weights-only"'),
+        "needs a sharded checkpoint from two fsdp ranks; the fsdp project's test writes one and consolidates it",
+    ),
+    Covered(
         r"looptpl check( \S+)?",
         UPDATE_TESTS,
         ('looptpl("check", str(project))',),

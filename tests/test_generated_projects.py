@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, in_parallel, looptpl, run, user_files
+from conftest import REPO_ROOT, in_parallel, looptpl, run, trained_weights, user_files
 
 from looptpl.variants import VARIANTS
 
@@ -29,7 +29,8 @@ def projects(tmp_path_factory) -> dict[str, Path]:
         result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
         assert result.exit_code == 0, result.stderr
         rendered[variant.strategy] = destination
-    # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs.
+    # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs
+    # (but from fsdp on several ranks: its sharded checkpoints use torch.distributed.checkpoint, which needs numpy).
     (root / "no_numpy" / "numpy").mkdir(parents=True)
     (root / "no_numpy" / "numpy" / "__init__.py").write_text(
         'raise ModuleNotFoundError("numpy is hidden from this test")\n'
@@ -87,7 +88,8 @@ def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subproce
     launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     if ranks > 1:
         launcher.append(f"--nproc-per-node={ranks}")
-    python_path = f"{project.parent / 'no_numpy'}{os.pathsep}{project / 'src'}"  # see `projects`
+    hidden = [] if project.name == "fsdp" and ranks > 1 else [str(project.parent / "no_numpy")]  # see `projects`
+    python_path = os.pathsep.join([*hidden, str(project / "src")])
     result = run([*launcher, *module, *flags], cwd=project, timeout=600, env={"PYTHONPATH": python_path})
     assert result.returncode == 0, result.stdout[-8000:]
     return result
@@ -96,7 +98,7 @@ def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subproce
 @pytest.mark.slow
 @pytest.mark.skipif("single" not in TORCH_STRATEGIES, reason="needs the single variant as reference")
 def test_torch_strategies_on_two_ranks_match_single(projects, tmp_path):
-    """ddp and fsdp on 2 CPU ranks end with the weights of the single-process project, without numpy."""
+    """ddp and fsdp on 2 CPU ranks end with the weights of the single-process project (single and ddp without numpy)."""
     strategies = [strategy for strategy in ("ddp", "fsdp") if strategy in projects]
     two_ranks = ("--epochs", "2", "--grad-accum-steps", "2")
     in_parallel(
@@ -106,9 +108,9 @@ def test_torch_strategies_on_two_ranks_match_single(projects, tmp_path):
             for strategy in strategies
         ),
     )
-    reference = torch.load(tmp_path / "single" / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
+    reference = trained_weights(tmp_path / "single")
     for strategy in strategies:
-        weights = torch.load(tmp_path / strategy / "checkpoints" / "epoch-0002.pt", weights_only=True)["model"]
+        weights = trained_weights(tmp_path / strategy)
         assert weights.keys() == reference.keys()
         for name, tensor in reference.items():
             torch.testing.assert_close(weights[name], tensor, atol=1e-5, rtol=1e-5, msg=f"{strategy} {name}")

@@ -19,6 +19,8 @@ import torch
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
+from charlm_ddp.checkpoint import checkpoints_in, load_whole  # noqa: E402 (after the path above)
+
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 
 
@@ -245,15 +247,18 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def newest_checkpoint(run_dir: Path) -> dict[str, Any]:
+    """The run's newest checkpoint, whole (a sharded one is put together)."""
+    return load_whole(checkpoints_in(run_dir / "checkpoints")[-1])
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
-    return torch.load(newest, weights_only=True)["model"]
+    return newest_checkpoint(run_dir)["model"]
 
 
 def final_average(run_dir: Path) -> dict[str, torch.Tensor]:
     """The moving average of the weights (--ema-decay) in the newest checkpoint."""
-    newest = sorted((run_dir / "checkpoints").glob("epoch-*.pt"))[-1]
-    return torch.load(newest, weights_only=True)["ema"]["weights"]
+    return newest_checkpoint(run_dir)["ema"]["weights"]
 
 
 def assert_same_weights(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor], rtol: float = 0.0) -> None:

@@ -27,6 +27,8 @@ from conftest import (
 )
 from project import split_sizes
 
+from gan_ddp.checkpoint import checkpoints_in
+
 # --train-in-eval-mode: dropout (and batch norm) would draw differently on 1 and 2 ranks, so the runs
 # compared here train with those layers as in evaluation; every gradient and update is still exercised.
 # The moving average of the weights (--ema-decay) is compared too: its val_ema_* metrics and, on resume, itself.
@@ -237,7 +239,7 @@ def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
     }
     flags = ["--device", "cpu", "--no-progress", "--epochs", "2", "--stop-after-epoch", "1"]
     finish(start(["bash", str(script), *flags], tmp_path / "job.log", **environment))
-    assert (run_dir / "checkpoints" / "epoch-0001.pt").is_file()
+    assert [path.stem for path in checkpoints_in(run_dir / "checkpoints")] == ["epoch-0001"]
     # Run again, as a requeued job would: it resumes instead of refusing the existing run.
     environment["RDZV_PORT"] = str(free_port())
     result = finish(start(["bash", str(script), *flags[:-2]], tmp_path / "requeued.log", **environment))

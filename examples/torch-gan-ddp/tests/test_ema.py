@@ -5,6 +5,7 @@ Its exact resume is tested with the runs that resume (test_resume.py, test_distr
 
 import torch
 
+from gan_ddp.checkpoint import FULL
 from gan_ddp.ema import WeightAverage
 
 
@@ -23,7 +24,7 @@ def test_the_weight_average_follows_its_formula_and_loads_from_its_state():
         expected = weights if update == 0 else {name: 0.75 * expected[name] + 0.25 * weights[name] for name in weights}
     for restored in (average, WeightAverage(model, decay=0.75)):
         if restored is not average:
-            restored.load_state_dict(average.state_dict())
+            restored.load_state_dict(average.state_dict(FULL))
         with restored.swapped_in():
             for name, value in model.state_dict().items():
                 torch.testing.assert_close(value, expected[name], msg=name)

@@ -76,11 +76,14 @@ class Trainer:
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
         self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
-        self.checkpointer = Checkpointer(self.run_dir, runtime, config.keep_checkpoints)
+        stage_optimizers = [stage.optimizer for stage in self.stages]
+        self.checkpointer = Checkpointer(
+            self.run_dir, runtime, config.keep_checkpoints, self.trained, stage_optimizers, self.ema
+        )
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
         self.throughput = Throughput(config, runtime.device, runtime.world_size)
-        self.checkpointer.check_free_space(self.trained)
+        self.checkpointer.check_free_space()
         # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
         models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
         self.run = Run(config, models_view, optimizers, schedulers, runtime.rank, runtime.world_size)
@@ -138,7 +141,7 @@ class Trainer:
             if stop or (self.config.checkpoint_every and updates % self.config.checkpoint_every == 0):
                 self.position = done
                 running = {"totals": epoch_totals, "window": window, "skipped": skipped}
-                self.save_checkpoint(f"epoch-{epoch + 1:04d}-step-{updates:08d}.pt", running)
+                self.checkpointer.save(self.state_dict(), f"epoch-{epoch + 1:04d}-step-{updates:08d}", False, running)
                 if stop:
                     self.progress.finish()
                     self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {updates}"
@@ -188,7 +191,6 @@ class Trainer:
             "early_stopping": self.early_stopping.state_dict(),
             "data": self.loaders.state_dict(),
             "hooks": self.hook("state_dict"),
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
             "config": dataclasses.asdict(self.config),
         }
 
@@ -196,7 +198,7 @@ class Trainer:
         """Continue from the latest checkpoint in the run directory."""
         path, checkpoint = self.checkpointer.load_latest()
         check_resumable(self.config, checkpoint["config"])
-        self.checkpointer.restore(path, checkpoint, self.trained, [stage.optimizer for stage in self.stages])
+        self.checkpointer.restore(path, checkpoint)
         self.epoch, self.step = checkpoint["epoch"], checkpoint["step"]
         self.position = checkpoint.get("position", 0)  # written part-way through epoch + 1
         if self.position:
@@ -205,18 +207,11 @@ class Trainer:
         self.early_stopping.load_state_dict(checkpoint["early_stopping"])
         self.loaders.load_state_dict(checkpoint.get("data", {}))
         self.hook("load_state_dict", checkpoint.get("hooks", {}))
-        if self.ema is not None:
-            self.ema.load_state_dict(checkpoint["ema"])
         self.run.epoch, self.run.step = self.epoch, self.step
         if self.logger is not None:
             self.logger.keep_until(self.epoch, self.step)
             within = f" (update {self.position} of epoch {self.epoch + 1})" if self.position else ""
             print(f"resumed from epoch {self.epoch}, step {self.step}{within}", flush=True)
-
-    def save_checkpoint(self, name: str, running: dict[str, Any] | None = None, is_best: bool = False) -> None:
-        """Every rank must call this. `running`: this rank's totals of an epoch stopped part-way."""
-        optimizers = [stage.optimizer for stage in self.stages]
-        self.checkpointer.save(self.trained, optimizers, self.state_dict(), name, is_best, running)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.terminate and self.runtime.is_main:
@@ -254,7 +249,7 @@ class Trainer:
             self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
-            self.save_checkpoint(f"epoch-{self.epoch:04d}.pt", is_best=is_best)
+            self.checkpointer.save(self.state_dict(), f"epoch-{self.epoch:04d}", is_best)
             # Rank 0 decides and every rank follows, so all ranks leave the loop at the same epoch.
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
@@ -279,9 +274,7 @@ class Trainer:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
         tested = "last"
         if self.config.test_on == "best":
-            tested, best = self.checkpointer.load_best(self.trained, self.early_stopping.best_epoch)
-            if self.ema is not None and best is not None:
-                self.ema.load_state_dict(best["ema"])
+            tested = self.checkpointer.load_best(self.early_stopping.best_epoch)
         summary: dict[str, Any] = {
             "epochs_run": self.epoch,
             "steps": self.step,

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from . import data, distributed
+from .checkpoint import checkpoints_in
 from .config import TrainConfig, parse_config
 from .data import build_datasets
 from .engine import Trainer
@@ -38,7 +39,7 @@ def seed_everything(seed: int) -> None:
 def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
     """Create the run directory and save the config there; return whether to resume from it."""
     run_dir = Path(config.run_dir)
-    has_run = any((run_dir / "checkpoints").glob("epoch-*.pt"))
+    has_run = bool(checkpoints_in(run_dir / "checkpoints"))
     # After a failure, torchrun --max-restarts starts every rank again: continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     resume = config.resume or (restarted and has_run)

@@ -1,8 +1,10 @@
-"""Checkpoints: written by rank 0 atomically, read by every rank. Managed by the looptpl template.
+"""Checkpoints: written atomically, read by every rank. Managed by the looptpl template.
 
-A checkpoint holds full (unsharded) model and optimizer states keyed by parameter name, without
-any DDP `module.` prefix, so it loads into any strategy and any number of ranks. Files are only
-loaded with `weights_only=True`: a checkpoint can hold tensors and plain data, never code.
+A checkpoint holds the model and optimizer states keyed by parameter name, without any DDP
+`module.` prefix, so it loads into any strategy and any number of ranks. Rank 0 writes it as one
+file of whole tensors, except under FSDP on several ranks, where every rank writes its own shards
+(sharded.py). Files are only loaded with `weights_only=True`: a checkpoint file can hold tensors
+and plain data, never code.
 """
 
 import math
@@ -10,23 +12,30 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_state_dict,
+    get_model_state_dict,
+    get_optimizer_state_dict,
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
-from . import distributed
+from . import distributed, files, sharded
 from .distributed import Runtime
 from .errors import CheckpointError
 
-FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
-FULL = StateDictOptions(full_state_dict=True)
+if TYPE_CHECKING:
+    from .ema import WeightAverage
+
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, gathered on rank 0
+FULL = StateDictOptions(full_state_dict=True)  # whole tensors on every rank
+SHARDS = StateDictOptions()  # each rank's own shards (DTensors); whole tensors when the model is not sharded
 
 
 def rng_state(runtime: Runtime) -> dict[str, torch.Tensor]:
@@ -51,61 +60,82 @@ def set_rng_state(state: dict[str, torch.Tensor], runtime: Runtime) -> None:
 
 
 class Checkpointer:
-    """Saves `epoch-NNNN.pt` after every epoch (and `epoch-NNNN-step-SSSSSSSS.pt` part-way through
-    epoch NNNN, after update SSSSSSSS), keeps the newest few, and links the best to `best.pt`.
+    """Saves `epoch-NNNN` after every epoch (and `epoch-NNNN-step-SSSSSSSS` part-way through epoch
+    NNNN, after update SSSSSSSS), keeps the newest few, and links the best to `best`.
 
-    The names sort in the order they were written.
+    A checkpoint is one file (`.pt`) written by rank 0 or, when FSDP shards the model over several
+    ranks, a folder (`.dcp`) every rank writes its shards into (sharded.py). Either kind resumes on
+    any number of ranks. The names sort in the order they were written.
     """
 
-    def __init__(self, run_dir: Path, runtime: Runtime, keep: int) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        runtime: Runtime,
+        keep: int,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        ema: "WeightAverage | None",
+    ) -> None:
         self.directory = run_dir / "checkpoints"
         self.runtime = runtime
         self.keep = keep
+        self.model, self.optimizers, self.ema = model, optimizers, ema
+        self.sharded = sharded.is_sharded(model)
 
-    def save(
-        self,
-        model: nn.Module,
-        optimizers: list[torch.optim.Optimizer],
-        state: dict[str, Any],
-        name: str,
-        is_best: bool,
-        running: dict[str, Any] | None = None,
-    ) -> None:
-        """Every rank must call this: FSDP gathers the shards, and every rank's RNG state is kept.
+    def save(self, state: dict[str, Any], name: str, is_best: bool, running: dict[str, Any] | None = None) -> None:
+        """Every rank must call this: FSDP gathers or writes the shards, and every rank's RNG state is kept.
 
         `running`: this rank's running totals of an epoch stopped part-way, kept for every rank.
         """
-        model_state, optimizer_state = get_state_dict(model, optimizers, options=FULL_ON_RANK0)
-        rng_states = _per_rank(rng_state(self.runtime), self.runtime.world_size)
-        problem = ""
+        payload = {**state, **self.weights(SHARDS if self.sharded else FULL_ON_RANK0)}
+        payload["rng"] = _per_rank(rng_state(self.runtime), self.runtime.world_size)
+        payload["world_size"] = self.runtime.world_size
         if running is not None:
             running = {**running, "skipped": torch.tensor([running["skipped"]])}
-            state = {**state, "running": _per_rank(running, self.runtime.world_size)}
-        if self.runtime.is_main:
-            payload = {
-                **state,
-                "model": model_state,
-                "optimizer": optimizer_state,
-                "rng": rng_states,
-                "world_size": self.runtime.world_size,
-            }
-            path = self.directory / name
-            try:
-                _atomic_save(payload, path)
-            except OSError as error:
-                problem = f"could not write {path} ({error.strerror}); older checkpoints are intact, free some space"
-            else:
-                if is_best:
-                    _atomic_link(path, self.directory / "best.pt")
-                for old in self.epoch_files()[: -self.keep]:
-                    old.unlink()
+            payload["running"] = _per_rank(running, self.runtime.world_size)
+        path = self.directory / (name + (sharded.SUFFIX if self.sharded else ".pt"))
+        problem = ""
+        try:
+            if self.sharded:
+                self.write_shards(payload, path)
+            elif self.runtime.is_main:
+                files.save(payload, path)
+        except (OSError, CheckpointException) as error:
+            problem = f"could not write {path} ({first_line(error)}); older checkpoints are intact, free some space"
+        if self.runtime.is_main and not problem:
+            if is_best:
+                files.link_best(path, self.directory / ("best" + path.suffix))
+            for old in self.checkpoints()[: -self.keep]:
+                files.remove(old)
         # Doubles as a barrier: no rank goes on (or reads a checkpoint) before rank 0 has finished writing.
         if distributed.agree(bool(problem)):
             raise CheckpointError(problem or "rank 0 could not write a checkpoint; see its log")
 
-    def check_free_space(self, model: nn.Module) -> None:
+    def write_shards(self, payload: dict[str, Any], path: Path) -> None:
+        """Every rank writes its shards into a temporary folder; rank 0 adds trainer.pt, then renames it."""
+        temporary = path.with_name(path.name + ".tmp")
+        if self.runtime.is_main:
+            files.remove(temporary)  # left by a run killed while it wrote
+        distributed.barrier()
+        shards, rest = sharded.split(payload)
+        sharded.save(shards, temporary)
+        if self.runtime.is_main:
+            files.save(rest, temporary / sharded.TRAINER_FILE)
+            os.replace(temporary, path)
+
+    def weights(self, options: StateDictOptions, with_optimizers: bool = True) -> dict[str, Any]:
+        """The model's state, the optimizers' and the moving average's, as a checkpoint holds them."""
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model, options=options)}
+        if with_optimizers:
+            state["optimizer"] = get_optimizer_state_dict(self.model, self.optimizers, options=options)
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict(options)
+        return state
+
+    def check_free_space(self) -> None:
         """Fail before training, not at hour 40, when the run directory cannot hold the checkpoints."""
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # Weights plus two optimizer moments, for each kept checkpoint, the best one and one being written.
         needed = 3 * weights * (self.keep + 2)
         free = shutil.disk_usage(self.directory.parent).free if self.runtime.is_main else needed
@@ -115,9 +145,8 @@ class Checkpointer:
                 "free some space or lower --keep-checkpoints"
             )
 
-    def epoch_files(self) -> list[Path]:
-        """Checkpoints, oldest first."""
-        return sorted(self.directory.glob("epoch-*.pt"))
+    def checkpoints(self) -> list[Path]:
+        return checkpoints_in(self.directory)
 
     def running_totals(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """This rank's running totals of the epoch a checkpoint stopped part-way through.
@@ -135,35 +164,42 @@ class Checkpointer:
         return {"totals": mine["totals"], "window": mine["window"], "skipped": int(mine["skipped"].item())}
 
     def load_latest(self) -> tuple[Path, dict[str, Any]]:
-        """The newest readable checkpoint; a damaged file is reported and skipped."""
-        for path in reversed(self.epoch_files()):
+        """The newest readable checkpoint; a damaged one is reported and skipped."""
+        for path in reversed(self.checkpoints()):
             try:
                 return path, self.read(path)
-            except Exception as error:  # a truncated or corrupt file: fall back to an older one
+            except (Exception, CheckpointException) as error:  # a truncated or corrupt one: fall back to an older one
                 if self.runtime.is_main:
-                    print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+                    print(f"warning: skipping unreadable checkpoint {path}: {first_line(error)}", flush=True)
         raise CheckpointError(
             f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
         )
 
-    def read(self, path: Path) -> dict[str, Any]:
-        return torch.load(path, map_location="cpu", weights_only=True)
+    def read(self, path: Path, with_optimizers: bool = True) -> dict[str, Any]:
+        """A checkpoint (every rank must call this); a sharded one comes in this run's sharding."""
+        if path.suffix != sharded.SUFFIX:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        rest = sharded.read_trainer(path)
+        if not with_optimizers:
+            del rest["optimizer"]
+        # This run's own states give the shapes and shards to load into (and are overwritten by them).
+        return sharded.load(rest, self.weights(SHARDS, with_optimizers), path)
 
-    def restore(
-        self, path: Path, checkpoint: dict[str, Any], model: nn.Module, optimizers: list[torch.optim.Optimizer]
-    ) -> None:
-        """Load weights, optimizer states and this rank's RNG state from a checkpoint."""
+    def restore(self, path: Path, checkpoint: dict[str, Any]) -> None:
+        """Load weights, optimizer states, the moving average and this rank's RNG state from a checkpoint."""
         try:
             set_state_dict(
-                model,
-                optimizers,
+                self.model,
+                self.optimizers,
                 model_state_dict=checkpoint["model"],
                 optim_state_dict=checkpoint["optimizer"],
-                options=FULL,
+                options=options_for(checkpoint["model"]),
             )
+            if self.ema is not None:
+                self.ema.load_state_dict(checkpoint["ema"])
         except (RuntimeError, KeyError, ValueError) as error:
             raise CheckpointError(
-                f"{path} does not fit the model and optimizer built by model.py and optim.py ({_first_line(error)}); "
+                f"{path} does not fit the model and optimizer built by model.py and optim.py ({first_line(error)}); "
                 "resume with the code that wrote it, or start a new --run-dir"
             ) from None
         if checkpoint["world_size"] == self.runtime.world_size:
@@ -175,40 +211,64 @@ class Checkpointer:
                 flush=True,
             )
 
-    def load_best(self, model: nn.Module, best_epoch: int) -> tuple[str, dict[str, Any] | None]:
-        """Load the best epoch's weights for the final test; which weights were loaded, in words,
-        and the best checkpoint (None when the last weights stay).
+    def load_best(self, best_epoch: int) -> str:
+        """Load the best epoch's weights (and moving average) for the final test; which weights
+        were loaded, in words.
 
-        A missing or unreadable best.pt leaves the last weights in place, with a warning: the
-        run's results are kept either way.
+        A missing or unreadable best checkpoint leaves the last weights in place, with a warning:
+        the run's results are kept either way.
         """
-        path = self.directory / "best.pt"
+        [path] = [*self.directory.glob("best.pt"), *self.directory.glob("best" + sharded.SUFFIX)] or [
+            self.directory / "best.pt"
+        ]
         try:
-            checkpoint = self.read(path)
-            set_model_state_dict(model, checkpoint["model"], options=FULL)
-        except Exception as error:
+            checkpoint = self.read(path, with_optimizers=False)
+            set_model_state_dict(self.model, checkpoint["model"], options=options_for(checkpoint["model"]))
+            if self.ema is not None:
+                self.ema.load_state_dict(checkpoint["ema"])
+        except (Exception, CheckpointException) as error:
             if self.runtime.is_main:
-                print(f"warning: cannot load {path} ({_first_line(error)}); testing the last weights", flush=True)
-            return "last (best.pt unreadable)", None
-        return f"best (epoch {best_epoch})", checkpoint
+                print(f"warning: cannot load {path} ({first_line(error)}); testing the last weights", flush=True)
+            return f"last ({path.name} unreadable)"
+        return f"best (epoch {best_epoch})"
+
+
+def checkpoints_in(directory: Path) -> list[Path]:
+    """The checkpoints in `directory`, oldest first (`epoch-0002-step-00000020` sorts before `epoch-0002`)."""
+    found = [*directory.glob("epoch-*.pt"), *directory.glob("epoch-*" + sharded.SUFFIX)]
+    return sorted(found, key=lambda path: path.stem + ".")
+
+
+def options_for(state: dict[str, Any]) -> StateDictOptions:
+    """How to load a model state: shard by shard when it holds shards (DTensors), else whole."""
+    return SHARDS if any(isinstance(value, DTensor) for value in state.values()) else FULL
 
 
 def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:
     """Load weights from `path` into `model` and freeze it: for a model that only predicts (a teacher).
 
     Accepts a plain state dict, or a checkpoint of a project like this one with one network (its
-    "model" entry): a teacher trained by another run, say.
+    "model" entry), file or sharded folder: a teacher trained by another run, say.
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as error:
-        raise CheckpointError(f"cannot read frozen weights {path} ({_first_line(error)}); check the path") from None
+        state = load_whole(path)
+    except (Exception, CheckpointException) as error:
+        raise CheckpointError(f"cannot read frozen weights {path} ({first_line(error)}); check the path") from None
     state = state.get("model", state)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise CheckpointError(f"{path} does not fit the frozen model ({_first_line(error)})") from None
+        raise CheckpointError(f"{path} does not fit the frozen model ({first_line(error)})") from None
     return model.requires_grad_(False).eval()
+
+
+def load_whole(path: str | Path) -> dict[str, Any]:
+    """A checkpoint, file or sharded folder, as one dict of whole tensors on the CPU, read by this
+    process alone: for inference, export, or a look at the weights."""
+    path = Path(path)
+    if path.is_dir():
+        return sharded.load_whole(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _per_rank(tensors: dict[str, torch.Tensor], world_size: int) -> list[dict[str, torch.Tensor]]:
@@ -225,31 +285,6 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def _atomic_save(payload: dict[str, Any], path: Path) -> None:
-    """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with temporary.open("wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)  # after a failure, leave no partial file behind
-
-
-def _atomic_link(source: Path, target: Path) -> None:
-    """Point `target` at `source`'s data without copying it (a hard link where possible), atomically."""
-    temporary = target.with_name(target.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    try:
-        os.link(source, temporary)
-    except OSError:  # a filesystem without hard links: copy instead
-        shutil.copyfile(source, temporary)
-    os.replace(temporary, target)

@@ -9,16 +9,15 @@ updates alone, so a resumed run continues it exactly. Only parameters are averag
 """
 
 import contextlib
-import copy
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from .checkpoint import FULL, FULL_ON_RANK0
+from .checkpoint import options_for
 
 
 class WeightAverage:
@@ -58,17 +57,18 @@ class WeightAverage:
             torch._foreach_copy_(self.average, self.weights())
             torch._foreach_copy_(weights, saved)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The average as a state dict of the model (every rank must call this under FSDP): the
-        checkpoint's "ema" entry loads into the model like its "model" entry."""
+    def state_dict(self, options: StateDictOptions) -> dict[str, Any]:
+        """The average as a state dict of the model, whole or in shards as `options` say (every rank
+        must call this under FSDP): the checkpoint's "ema" entry loads into the model like its "model" entry."""
         with self.swapped_in():
-            # A copy, taken before the weights come back: without FSDP the state's tensors are the parameters.
-            weights = copy.deepcopy(get_model_state_dict(self.model, options=FULL_ON_RANK0))
+            state: dict[str, torch.Tensor] = get_model_state_dict(self.model, options=options)  # type: ignore[assignment]
+            # Copies, taken before the weights come back: the state's tensors share the parameters' memory.
+            weights = {name: tensor.clone() for name, tensor in state.items()}
         return {"updates": self.updates, "weights": weights}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self.swapped_in():
-            set_model_state_dict(self.model, state["weights"], options=FULL)
+            set_model_state_dict(self.model, state["weights"], options=options_for(state["weights"]))
         self.updates = state["updates"]
 
 
