@@ -16,12 +16,14 @@ import tensorflow as tf
 from .collect import Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
-from .errors import StepError, TrainingError, user_code_error
+from .errors import DataError, StepError, TrainingError, user_code_error
 from .metrics import dataset_metrics
 from .step import eval_step
 
 SUM = tf.distribute.ReduceOp.SUM
 RESERVED = ("samples", "epoch", "step", "lr")
+# An evaluation step's results: each Mean's [total, weight], each Gather's (indices, rows), the samples counted.
+StepResults = tuple[dict[str, tf.Tensor], dict[str, tuple[tf.Tensor, tf.Tensor]], tf.Tensor]
 
 
 class Evaluator:
@@ -33,14 +35,12 @@ class Evaluator:
         models: keras.Model | dict[str, keras.Model],
         config: TrainConfig,
         splits: dict[str, Any],
-        sizes: dict[str, int],
         ema: WeightAverage | None,
     ) -> None:
         self.strategy = strategy
         self.models = models
         self.config = config
-        self.splits = splits  # "val" and "test": batches of (sample indices, batch) per replica
-        self.sizes = sizes  # samples in each split
+        self.splits = splits  # "val" and "test": batches of (sample indices, batch), one for each replica
         self.ema = ema  # --ema-decay: the average of the weights, evaluated too
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
         # Traced once per split, like the train step (train_step.py).
@@ -48,15 +48,16 @@ class Evaluator:
             split: tf.function(self._step, input_signature=[dataset.element_spec]) for split, dataset in splits.items()
         }
 
-    def _step(self, element: Any) -> tuple[dict[str, tf.Tensor], dict[str, tuple[tf.Tensor, tf.Tensor]]]:
-        """Evaluate one batch per replica: each Mean's summed [total, weight], each Gather's (indices, rows)."""
-        sums, gathered = self.strategy.run(self._replica_step, args=(element,))
+    def _step(self, element: Any) -> StepResults:
+        """Evaluate one batch on each replica: each Mean's summed [total, weight], each Gather's (indices, rows),
+        and the samples counted."""
+        sums, gathered, samples = self.strategy.run(self._replica_step, args=(element,))
         sums = {name: self.strategy.reduce(SUM, value, axis=None) for name, value in sums.items()}
         # The rows were gathered from every replica inside the step: any replica's copy holds them all.
         gathered = {name: self.strategy.experimental_local_results(value)[0] for name, value in gathered.items()}
-        return sums, gathered
+        return sums, gathered, self.strategy.reduce(SUM, samples, axis=None)
 
-    def _replica_step(self, element: Any) -> tuple[dict[str, tf.Tensor], dict[str, tuple[tf.Tensor, tf.Tensor]]]:
+    def _replica_step(self, element: Any) -> StepResults:
         indices, batch = element
         try:
             values = check_eval_values(eval_step(self.models, batch, self.config))
@@ -71,7 +72,7 @@ class Evaluator:
                 sums[name] = tf.where(counted, total_and_weight, tf.zeros_like(total_and_weight))
             else:
                 gathered[name] = _gather((indices, value.rows))
-        return sums, gathered
+        return sums, gathered, tf.reduce_sum(tf.cast(indices >= 0, tf.int64))
 
     def evaluate(self, split: str) -> dict[str, float]:
         """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
@@ -87,14 +88,17 @@ class Evaluator:
         """The means and dataset metrics of `split` ("val" or "test"), named `<split>_<name>`."""
         sums: dict[str, np.ndarray] = {}
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        size = 0
         for element in self.splits[split]:
-            batch_sums, batch_gathered = self.steps[split](element)
+            batch_sums, batch_gathered, samples = self.steps[split](element)
+            size += int(samples)
             for name, value in batch_sums.items():
                 sums[name] = sums.get(name, 0.0) + value.numpy()
             for name, (indices, rows) in batch_gathered.items():
                 parts.setdefault(name, []).append((indices.numpy(), rows.numpy()))
         means = {name: total / weight if weight else math.nan for name, (total, weight) in sums.items()}
-        size = self.sizes[split]
+        if size == 0:
+            raise DataError(f"data.py: the {split} dataset is empty")
         gathered = {name: _in_dataset_order(name, pieces) for name, pieces in parts.items()}
         try:
             extra = dataset_metrics(means, gathered)

@@ -1,4 +1,4 @@
-"""The optimizer updates, compiled: loss scaling, all-reduce, clipping and the NaN policy.
+"""The optimizer updates, compiled: loss scaling, the sum over replicas, clipping and the NaN policy.
 
 Managed by the looptpl template: put your own code in step.py and optim.py. engine.py calls a
 TrainStep for --steps-per-call updates at a time; everything here runs inside one tf.function.
@@ -19,7 +19,7 @@ from .config import TrainConfig
 from .distributed import Runtime
 from .errors import StepError, user_code_error
 from .profiling import CallProfiler
-from .sampling import part
+from .sampling import part, rows
 from .stages import Stage
 from .step import train_step
 
@@ -31,7 +31,7 @@ class TrainStep:
 
     The totals hold one row per stage (optimizer): [loss total kept, weight kept, weight, updates
     skipped], where "kept" counts applied updates only: a skipped update's loss is left out of the
-    training loss. Build it under `strategy.scope()`: its counters are variables kept alike on every replica.
+    training loss. Build it under `strategy.scope()`: its counters are variables, kept alike on every replica.
     """
 
     def __init__(
@@ -40,19 +40,23 @@ class TrainStep:
         runtime: Runtime,
         models: keras.Model | dict[str, keras.Model],
         stages: list[Stage],
-        counters: tuple[tf.Variable, tf.Variable],
+        counters: tuple[tf.Variable, tf.Variable, tf.Variable | None],
     ) -> None:
         self.config = config
         self.strategy = runtime.strategy
+        self.replicas = self.strategy.num_replicas_in_sync
         self.models = models  # what model.py built, handed to step.py as it is
         self.stages = stages
-        self.epoch, self.step = counters  # epochs completed, updates applied (by any stage)
-        config.check_batch_split(self.strategy.num_replicas_in_sync)  # full batches split into equal micro-batches
+        # Epochs completed, updates applied (by any stage), and for a streamed train set, the stream
+        # position of the last global batch trained on (sampling.py; None for a map-style one).
+        self.epoch, self.step, self.stream_position = counters
+        config.check_batch_split(self.replicas)  # full batches split into equal micro-batches
         # --nan-policy stop allows no skipped update: the first one stops the run.
         self.allowed_skips = config.max_consecutive_skips if config.nan_policy == "skip" else 0
         self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
         # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
-        # but the batch size, so the short last batch runs the same graph, not a retrace.
+        # but the batch size, so the short last batch runs the same graph, not a retrace (with several
+        # workers, a retrace on one alone would also leave the workers' collectives out of step).
         self.compiled = tf.function(self._updates)
         run_updates_in_a_loop(config.steps_per_call > 1)
         self.profiler = CallProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
@@ -107,14 +111,18 @@ class TrainStep:
         totals = tf.zeros([len(self.stages), 4], tf.float64)
         samples = tf.constant(0, tf.int64)
         for _ in tf.range(count):
-            update_totals, update_samples = self._update(next(batches))
+            batch = next(batches)
+            if self.stream_position is not None:  # each global batch of a stream comes with its position
+                position, batch = batch
+                self.stream_position.assign(self.strategy.experimental_local_results(position)[0])
+            update_totals, update_samples = self._update(batch)
             totals += update_totals
             samples += update_samples
         return totals, samples
 
     def _update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
         """One update of every stage on one global batch; returns its totals and samples."""
-        sums, applied, rows = self.strategy.run(self._replica_update, args=(batch,))
+        sums, applied, samples = self.strategy.run(self._replica_update, args=(batch,))
         # Every replica holds the same all-reduced sums and decisions: take the first one's.
         sums = self.strategy.experimental_local_results(sums)[0]
         applied = self.strategy.experimental_local_results(applied)[0]
@@ -122,7 +130,7 @@ class TrainStep:
         total, weight = sums[:, 0], sums[:, 1]
         kept = tf.cast(applied, tf.float64)
         totals = tf.stack([tf.where(applied, total, tf.zeros_like(total)), kept * weight, weight, 1.0 - kept], axis=1)
-        return totals, tf.cast(self.strategy.reduce(SUM, rows, axis=None), tf.int64)
+        return totals, tf.cast(self.strategy.reduce(SUM, samples, axis=None), tf.int64)
 
     def _replica_update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """This replica's part of one update: for each stage, its micro-steps, then its update.
@@ -159,7 +167,7 @@ class TrainStep:
         for losses in steps:
             if next(losses, None) is not None:
                 raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
-        return tf.stack(sums), tf.stack(applied), _row_count(batch)
+        return tf.stack(sums), tf.stack(applied), rows(batch)
 
     def _gradients(self, stage: Stage, steps: list[Iterator]) -> tuple[list, Any, Any]:
         """The stage's gradients of the exact global mean loss, and its global loss total and weight.
@@ -190,8 +198,8 @@ class TrainStep:
                 )
             grads = [grad if new is None else grad + new for grad, new in zip(grads, micro_grads, strict=True)]
             total, weight = total + loss.total, weight + loss.weight
-        # One all-reduce sums the replicas' gradients, loss totals and weights.
-        *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
+        if self.replicas > 1:  # one all-reduce sums the replicas' gradients, loss totals and weights
+            *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
         factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
         grads = [grad * factor for grad in grads]
         if any(variable.regularizer for variable in stage.variables):
@@ -244,12 +252,13 @@ class TrainStep:
 
     def _apply_gradients(self, stage: Stage, grads: list[tf.Tensor]) -> None:
         """Update the stage's weights with its clipped global gradient (on every replica)."""
-        # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
-        # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
-        # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
-        # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
-        is_first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-        grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
+        if self.replicas > 1:
+            # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
+            # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
+            # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
+            # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
+            is_first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
         stage.optimizer.apply_gradients(zip(grads, stage.variables, strict=True))
 
     def _skip(self, stage: Stage, loss: tf.Tensor) -> None:
@@ -263,8 +272,3 @@ class TrainStep:
         message = "warning: NaN/inf loss or gradients" + which + " at epoch {}, step {}: update skipped"
         message += " (training loss {})"
         tf.print(tf.strings.format(message, (self.epoch + 1, self.step, loss)), output_stream=sys.stderr)
-
-
-def _row_count(batch: Any) -> tf.Tensor:
-    """The number of samples in a batch: the first dimension of its first tensor."""
-    return tf.shape(tf.nest.flatten(batch)[0])[0]

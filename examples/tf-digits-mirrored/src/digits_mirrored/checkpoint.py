@@ -5,6 +5,10 @@ schedule, and under fp16 the loss scale), the epoch and step counters, the early
 and the config. TensorFlow checkpoints follow objects, not devices: one written by N replicas
 loads into any strategy and any number of replicas. Saving is atomic: TensorFlow writes the data
 under a temporary name and renames it, and the `checkpoint` file lists a save only once complete.
+
+With several workers (multi-worker), every worker must save, and every worker restores from the
+chief's directory: --run-dir must be on storage every worker can read (a shared filesystem, or a
+bucket such as gs://) for --resume and --test-on best.
 """
 
 import dataclasses
@@ -15,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from .config import TrainConfig
+from .distributed import Runtime
 from .errors import CheckpointError, first_line
 
 
@@ -58,16 +63,24 @@ class Checkpointer:
     """Saves `epoch-N` after every epoch (the newest --keep-checkpoints), the best epoch in `best/`, and
     `steps/step-S` after update S part-way through an epoch (--checkpoint-every, --stop-after-step, SIGTERM)."""
 
-    def __init__(self, run_dir: Path, keep: int, **objects: object) -> None:
+    def __init__(self, run_dir: Path, keep: int, runtime: Runtime, **objects: object) -> None:
         self.directory = run_dir / "checkpoints"
+        self.runtime = runtime
         self.checkpoint = tf.train.Checkpoint(**objects)
-        self.epochs = tf.train.CheckpointManager(self.checkpoint, str(self.directory), keep, checkpoint_name="epoch")
-        self.best = tf.train.CheckpointManager(self.checkpoint, str(self.directory / "best"), 1, checkpoint_name="best")
-        within = self.directory / "steps"  # part-way through an epoch
+        # Every worker must save: saving reads variables, which can take a collective (a variable
+        # summed across replicas is all-reduced on read). Only the chief's files are real; the
+        # others write to a scratch directory of their own, removed after each save.
+        self.scratch = None if runtime.is_chief else run_dir / f".scratch-worker-{runtime.task_id}"
+        if self.scratch is not None and tf.io.gfile.exists(str(self.scratch)):
+            tf.io.gfile.rmtree(str(self.scratch))  # left by a worker killed while saving
+        write_to = self.scratch or self.directory
+        self.epochs = tf.train.CheckpointManager(self.checkpoint, str(write_to), keep, checkpoint_name="epoch")
+        self.best = tf.train.CheckpointManager(self.checkpoint, str(write_to / "best"), 1, checkpoint_name="best")
+        within = write_to / "steps"  # part-way through an epoch
         self.steps = tf.train.CheckpointManager(self.checkpoint, str(within), keep, checkpoint_name="step")
 
     def save(self, epoch: int, is_best: bool) -> None:
-        """Write `best/best-<epoch>` if it is the best so far, then `epoch-<epoch>`.
+        """Write `best/best-<epoch>` if it is the best so far, then `epoch-<epoch>`. Every worker calls this.
 
         Best first: a crash between the two then resumes from the previous epoch, whose
         early-stopping state never points at a best epoch that `best/` lacks.
@@ -75,10 +88,17 @@ class Checkpointer:
         if is_best:
             self.best.save(checkpoint_number=epoch)
         self.epochs.save(checkpoint_number=epoch)
+        self.clear_scratch()
 
     def save_within_epoch(self, update: int) -> None:
-        """Write `steps/step-<update>`, part-way through an epoch."""
+        """Write `steps/step-<update>`, part-way through an epoch. Every worker calls this."""
         self.steps.save(checkpoint_number=update)
+        self.clear_scratch()
+
+    def clear_scratch(self) -> None:
+        """Remove what a worker other than the chief just wrote: only the chief's checkpoints are kept."""
+        if self.scratch is not None:
+            tf.io.gfile.rmtree(str(self.scratch))
 
     def restore_latest(self, updates_per_epoch: int) -> None:
         """Restore the newest readable checkpoint, epoch end or part-way; a damaged one is reported and skipped.
@@ -104,8 +124,10 @@ class Checkpointer:
                     "change since it was written? Drop --resume to start a new run"
                 ) from None
             return
+        shared = ", and check that every worker sees the chief's --run-dir (shared storage)"
         raise CheckpointError(
             f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
+            + (shared if self.runtime.workers > 1 else "")
         )
 
     def holds_checkpoints(self) -> bool:

@@ -27,7 +27,7 @@ from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .model import build_model
 from .optim import build_optimizer, build_schedule
-from .sampling import distribute_eval, distribute_train, epoch_size, global_batch_sizes, split_size
+from .sampling import TrainSplit, distribute_eval
 from .stages import build_stages, mean_losses, split_models
 from .train_step import TrainStep
 
@@ -35,7 +35,7 @@ PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixe
 
 
 class Trainer:
-    """Owns the models, the optimizers and the distributed datasets of one run."""
+    """Owns the models, the optimizers and the input pipelines of one run, on this worker."""
 
     def __init__(
         self, config: TrainConfig, runtime: Runtime, datasets: tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]
@@ -44,8 +44,7 @@ class Trainer:
         self.runtime = runtime
         self.strategy = runtime.strategy
         self.run_dir = Path(config.run_dir)
-        self.train_set, val_set, test_set = datasets
-        self.train_size = split_size(self.train_set, "train")
+        train_set, val_set, test_set = datasets
         eval_sets = {
             "val": distribute_eval(self.strategy, val_set, "val", config.eval_batch_size),
             "test": distribute_eval(self.strategy, test_set, "test", config.eval_batch_size),
@@ -55,14 +54,14 @@ class Trainer:
         # float32 weights.
         keras.mixed_precision.set_dtype_policy(PRECISION_POLICIES[config.precision])
         # Everything that holds variables is created under the strategy's scope, which places each
-        # variable (one copy per replica, kept in sync) and ties it to the strategy.
+        # variable (a copy on each replica's device, kept in sync) and ties it to the strategy.
         with self.strategy.scope():
             self.models = build_model(config)
             # Models without trainable weights (a distillation teacher) are only run: no optimizer,
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
-            replicas = self.strategy.num_replicas_in_sync
-            self.updates_per_epoch, self.samples_per_epoch = epoch_size(self.train_size, config, replicas)
+            self.train_split = TrainSplit(self.strategy, train_set, config)
+            self.updates_per_epoch = self.train_split.updates_per_epoch
             self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             schedule = build_schedule(config, self.total_updates)
@@ -73,7 +72,8 @@ class Trainer:
             # Written part-way through an epoch: its updates done, and its running totals (train_epoch).
             self.position = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.running = tf.Variable(tf.zeros([2, len(self.stages), 4], tf.float64), trainable=False)
-            self.train_step = TrainStep(config, runtime, self.models, self.stages, (self.epoch, self.step))
+            counters = (self.epoch, self.step, self.train_split.stream_position)
+            self.train_step = TrainStep(config, runtime, self.models, self.stages, counters)
             self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
             self.saved_config = ConfigState(config)
             # The trained models and their optimizers, by name with several (the checkpoint's keys).
@@ -84,6 +84,7 @@ class Trainer:
             self.checkpointer = Checkpointer(
                 self.run_dir,
                 config.keep_checkpoints,
+                runtime,
                 model=self.trained,
                 # Keras keeps each dropout layer's random state in a non-trainable variable that
                 # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
@@ -97,6 +98,7 @@ class Trainer:
                 early_stopping=self.early_stopping,
                 config=self.saved_config,
                 hooks=self.hooks_state,
+                **self.train_split.checkpointed(),
             )
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
@@ -106,9 +108,8 @@ class Trainer:
         # hooks.py sees what model.py and optim.py built.
         self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_chief)
         self.hook = HookCaller(Hooks, config, self.run)
-        sizes = {"val": split_size(val_set, "val"), "test": split_size(test_set, "test")}
         ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
-        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, sizes, ema)
+        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, ema)
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
@@ -124,8 +125,7 @@ class Trainer:
         # of applied updates, all weight, skipped updates (train_step.py). A resumed epoch goes on
         # from the totals its checkpoint holds.
         epoch_totals, window = tf.unstack(self.running) if first else (tf.zeros([len(self.stages), 4], tf.float64),) * 2
-        dataset = distribute_train(self.strategy, self.train_set, self.config, epoch, self.samples_per_epoch, first)
-        batches = iter(dataset)
+        batches = iter(self.train_split.distribute(epoch, first))
         updates, samples, log_every = first, 0, self.config.log_every
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
@@ -135,7 +135,7 @@ class Trainer:
             except tf.errors.OutOfRangeError:
                 raise TrainingError(
                     f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
-                    "data.py must give the same samples every epoch"
+                    "data.py must give the same samples every epoch (a stream: every pass)"
                 ) from None
             epoch_totals, window = epoch_totals + totals, window + totals
             samples += int(call_samples)
@@ -155,7 +155,7 @@ class Trainer:
                     raise TrainingError(self.train_step.not_finite_message(stage, where))
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
-                # A SIGTERM may reach some processes only: if any got one, all stop here.
+                # With several workers, a SIGTERM may reach some only: if any got one, all stop here.
                 stop = self.terminate = self.runtime.any_worker(self.terminate)
                 if self.runtime.any_worker(bool(self.run.stop_reason)):
                     end = updates  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
@@ -176,12 +176,7 @@ class Trainer:
         self.position.assign(0)
         self.running.assign(tf.zeros_like(self.running))  # an epoch-end checkpoint holds no running totals
         self.samples_trained += samples
-        expected = sum(global_batch_sizes(self.samples_per_epoch, self.config.global_batch_size)[first:end])
-        if samples != expected:
-            raise TrainingError(
-                f"trained on {samples} samples this epoch, expected {expected}; data.py's make_batches "
-                "must keep every sample"
-            )
+        self.train_split.check_trained(samples, first, end)
         result = mean_losses(self.stages, epoch_totals.numpy())
         if self.config.nan_policy == "skip":
             result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
@@ -244,6 +239,7 @@ class Trainer:
             record.update(step=int(self.step.numpy()), lr=float(self.stages[0].optimizer.learning_rate))
             record["epoch_time_s"] = round(time.perf_counter() - epoch_started, 3)
             finite_or_raise(record, f"epoch {epoch + 1}")  # never checkpoint NaN weights or pick them as the best
+            # Every worker holds the same all-reduced metrics, so every worker computes the same result.
             is_best = self.early_stopping.update(record, epoch + 1)
             self.epoch.assign(epoch + 1)
             self.run.epoch = epoch + 1
@@ -253,6 +249,7 @@ class Trainer:
                 self.logger.log(record)
             self.hooks_state.text = self.hook.state_json()
             self.checkpointer.save(epoch + 1, is_best)
+            # The chief decides, every worker follows (with several, a collective: it waits for the checkpoint).
             if self.runtime.agree(self.early_stopping.should_stop):
                 stopped_early = True
                 break

@@ -18,10 +18,11 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
     """Return the (train, validation, test) datasets, each a `tf.data.Dataset` of single samples.
 
     Every element is one sample, unbatched: a tensor, a tuple or a dict of tensors (step.py
-    receives them batched by `make_batches`). Each dataset must have a known size
-    (`dataset.cardinality()`; add `.apply(tf.data.experimental.assert_cardinality(n))` to a
-    file-based one). Every worker calls this with the same config and must get the same samples
-    in the same order: the engine shuffles, batches and shards, so do none of that here.
+    receives them batched by `make_batches`). Every worker calls this with the same config and
+    must get the same samples in the same order: the engine shuffles, batches and shards, so do
+    none of that here. A dataset of unknown size (`dataset.cardinality()`; read from files, say)
+    is a stream: trained in its order, pass after pass, for --max-steps updates. To train a
+    file-based one in shuffled epochs, add `.apply(tf.data.experimental.assert_cardinality(n))`.
     """
     # TODO(data): load your data here instead of the synthetic task below. The sizes are odd on
     # purpose: they exercise the short last batch and uneven evaluation shards.
