@@ -1,4 +1,4 @@
-"""Checkpoint save time and peak host memory of a torch/fsdp project: sharded against whole.
+"""Checkpoint save time and peak host memory of a torch/fsdp project: sharded, and in the background, against whole.
 
 Renders a torch/fsdp project with `looptpl new`, then runs this file under
 `torchrun --nproc-per-node N` (gloo, on the CPU). Every rank builds the project's own model
@@ -10,10 +10,14 @@ modes taking turns in every round:
   whole    the gather of the whole model and optimizer state on rank 0, written by rank 0 as one
            file: what every strategy did before sharded checkpoints, and what fsdp does on one rank
   sharded  every rank writes its own shards with torch.distributed.checkpoint (sharded.py)
+  background  sharded, with --async-checkpoints: `save` copies the shards to host memory and
+           returns; a thread writes them, and `finish` waits for it
 
-Save time is the wall time of `Checkpointer.save` on the slowest rank, from a barrier to the last
-rank's return; peak memory is the rise of each rank's resident set (VmHWM after clearing it,
-minus VmRSS before) during the save. The ratios are paired by round: sharded / whole.
+Save time is the wall time from a barrier until the checkpoint is complete (`Checkpointer.save`,
+then `finish`) on the slowest rank; the time training waits is that of `save` alone (all of it,
+but for the background mode); peak memory is the rise of each rank's resident set (VmHWM after
+clearing it, minus VmRSS before) during the save. The ratios are paired by round: sharded / whole,
+background / sharded.
 
 Run from the repository root (about 1 minute on 2 idle CPU cores):
     .venv/bin/python bench/fsdp_checkpoint.py
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from timing import REPO, template_revision
 
-MODES = ("whole", "sharded")
+MODES = ("whole", "sharded", "background")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +66,7 @@ def main() -> None:
         subprocess.run(render, check=True, capture_output=True)
         for index in range(args.rounds):
             record: dict[str, object] = {}
-            for mode in MODES if index % 2 == 0 else reversed(MODES):  # alternate which goes first
+            for mode in MODES if index % 2 == 0 else reversed(MODES):  # alternate the order
                 # A fresh set of processes for every save: memory freed by an earlier save would hide a peak.
                 command = [
                     sys.executable,
@@ -88,9 +92,9 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(args.worker / "src"))
     package = "fsdp"
     distributed = importlib.import_module(f"{package}.distributed")
-    config = importlib.import_module(f"{package}.config").parse_config(
-        ["--device", "cpu", "--run-dir", str(args.worker / "run"), "--hidden-size", str(args.hidden_size)]
-    )
+    flags = ["--device", "cpu", "--run-dir", str(args.worker / "run"), "--hidden-size", str(args.hidden_size)]
+    flags += ["--keep-checkpoints", "1"] + (["--async-checkpoints"] if args.mode == "background" else [])
+    config = importlib.import_module(f"{package}.config").parse_config(flags)
     runtime = distributed.setup(config)
     model = distributed.wrap_model(importlib.import_module(f"{package}.model").build_model(config), runtime)
     optimizer = importlib.import_module(f"{package}.optim").build_optimizer(model, config)
@@ -98,24 +102,27 @@ def worker(args: argparse.Namespace) -> None:
         parameter.grad = torch.ones_like(parameter)
     optimizer.step()  # the optimizer now holds both moments, as it does in any checkpoint
     checkpointer = importlib.import_module(f"{package}.checkpoint").Checkpointer(
-        args.worker / "run", runtime, 1, model, [optimizer], None
+        args.worker / "run", runtime, config, model, [optimizer], None
     )
-    checkpointer.sharded = args.mode == "sharded"
+    checkpointer.sharded = args.mode != "whole"
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident set, to now
     before = _status("VmRSS")
     distributed.barrier()
     started = time.perf_counter()
     checkpointer.save({"epoch": 0}, f"epoch-0000-{args.mode}", False)
+    waited = time.perf_counter() - started
+    checkpointer.finish()
     seconds = time.perf_counter() - started
     peak = _status("VmHWM") - before
-    gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(runtime.world_size)]
-    torch.distributed.all_gather(gathered, torch.tensor([seconds, peak], dtype=torch.float64))
+    gathered = [torch.zeros(3, dtype=torch.float64) for _ in range(runtime.world_size)]
+    torch.distributed.all_gather(gathered, torch.tensor([seconds, peak, waited], dtype=torch.float64))
     if runtime.is_main:
         written = checkpointer.checkpoints()[-1]
         size = sum(f.stat().st_size for f in written.rglob("*")) if written.is_dir() else written.stat().st_size
         record = {
-            "seconds": max(float(pair[0]) for pair in gathered),
-            "peak_mib": [float(pair[1]) / 2**20 for pair in gathered],
+            "seconds": max(float(values[0]) for values in gathered),
+            "waited": max(float(values[2]) for values in gathered),
+            "peak_mib": [float(values[1]) / 2**20 for values in gathered],
             "size_mib": size / 2**20,
         }
         print(json.dumps(record), flush=True)
@@ -139,22 +146,25 @@ def report(args: argparse.Namespace, rounds: list[dict]) -> None:
     print(f"torch {torch.__version__}, {machine}, template {template_revision()}")
     print(f"model: the project's MLP at --hidden-size {args.hidden_size}; {len(rounds)} rounds, medians")
     print(
-        f"{'mode':<10}{'save s':>10}{'checkpoint MiB':>16}"
+        f"{'mode':<12}{'save s':>10}{'waits s':>10}{'checkpoint MiB':>16}"
         + "".join(f"{f'rank {r} peak MiB':>18}" for r in range(args.ranks))
     )
     for mode in MODES:
         seconds = statistics.median(record[mode]["seconds"] for record in rounds)
+        waited = statistics.median(record[mode]["waited"] for record in rounds)
         size = statistics.median(record[mode]["size_mib"] for record in rounds)
         peaks = [statistics.median(record[mode]["peak_mib"][rank] for record in rounds) for rank in range(args.ranks)]
-        print(f"{mode:<10}{seconds:>10.3f}{size:>16.1f}" + "".join(f"{peak:>18.1f}" for peak in peaks))
-    time_ratios = [record["sharded"]["seconds"] / record["whole"]["seconds"] for record in rounds]
-    spread = f"range {min(time_ratios):.3f} .. {max(time_ratios):.3f}"
-    print(f"save time sharded / whole: {statistics.median(time_ratios):.3f}x ({spread})")
-    for rank in range(args.ranks):
-        ratios = [
-            record["sharded"]["peak_mib"][rank] / max(record["whole"]["peak_mib"][rank], 1e-9) for record in rounds
-        ]
-        print(f"rank {rank} peak memory sharded / whole: {statistics.median(ratios):.3f}x")
+        print(f"{mode:<12}{seconds:>10.3f}{waited:>10.3f}{size:>16.1f}" + "".join(f"{peak:>18.1f}" for peak in peaks))
+    for mode, baseline in (("sharded", "whole"), ("background", "sharded")):
+        for measure, words in (("seconds", "save time"), ("waited", "time training waits")):
+            ratios = [record[mode][measure] / record[baseline][measure] for record in rounds]
+            spread = f"range {min(ratios):.3f} .. {max(ratios):.3f}"
+            print(f"{words} {mode} / {baseline}: {statistics.median(ratios):.3f}x ({spread})")
+        for rank in range(args.ranks):
+            ratios = [
+                record[mode]["peak_mib"][rank] / max(record[baseline]["peak_mib"][rank], 1e-9) for record in rounds
+            ]
+            print(f"rank {rank} peak memory {mode} / {baseline}: {statistics.median(ratios):.3f}x")
     print(f"repository: {REPO}")
 
 

@@ -83,13 +83,16 @@ def test_evaluation_counts_every_sample_once(runs):
 def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_run(tmp_path):
     # With dropout and 2 accumulation steps: 16 updates an epoch, stopped after update 23 (with
     # checkpoints every 5), resumed from there; each rank's dropout draws continue where they were.
+    # The resumed run writes its checkpoints in the background while it trains (--async-checkpoints).
     sources = sources_with_dropout(tmp_path / "dropout")
     flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5", "--ema-decay", "0.9")
     straight = start_training(tmp_path / "straight", *flags, ranks=2, sources=sources)  # meanwhile, to compare with
-    run_training(tmp_path / "resumed", *flags, "--stop-after-step", "23", ranks=2, sources=sources)
-    result = run_training(tmp_path / "resumed", *flags, "--resume", ranks=2, sources=sources)
+    background = (*flags, "--async-checkpoints")
+    run_training(tmp_path / "resumed", *background, "--stop-after-step", "23", ranks=2, sources=sources)
+    result = run_training(tmp_path / "resumed", *background, "--resume", ranks=2, sources=sources)
     finish(straight)
     assert "resumed from epoch 1, step 23 (update 7 of epoch 2)" in result.stdout
+    assert not list((tmp_path / "resumed").rglob("*.tmp"))
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")

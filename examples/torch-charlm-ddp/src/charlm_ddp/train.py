@@ -91,6 +91,7 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
         # From here on each rank draws its own numbers (dropout, augmentation).
         seed_everything(config.seed + runtime.rank)
     summary = trainer.fit()
+    trainer.checkpointer.finish()  # the last checkpoint may still be being written (--async-checkpoints)
     if summary is None:
         if runtime.is_main:
             print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)

@@ -151,6 +151,9 @@ class TrainConfig(Settings):
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Checkpoints kept besides the best (epoch ends and --checkpoint-every alike)."}
     )
+    async_checkpoints: bool = field(
+        default=False, metadata={"help": "Write checkpoints in a background thread while training goes on."}
+    )
     log_every: int = field(
         default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
     )

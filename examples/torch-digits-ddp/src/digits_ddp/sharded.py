@@ -13,10 +13,12 @@ one process, which loads the whole model.
 """
 
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -74,6 +76,14 @@ def save(shards: dict[str, Any], folder: Path) -> None:
     """Every rank writes its shards into `folder` (every rank must call this); rank 0 writes DCP's
     metadata after all ranks have written theirs."""
     dcp.save(shards, checkpoint_id=folder)
+
+
+def save_in_background(shards: dict[str, Any], folder: Path, group: dist.ProcessGroup) -> Future:
+    """Like `save`, but here each rank only copies its shards to host memory: a thread writes them,
+    with DCP's collectives in `group`, and the Future says when (every rank must call this)."""
+    written = dcp.async_save(shards, checkpoint_id=folder, process_group=group)
+    # (DCP returns an AsyncSaveResponse only for a stager that copies in the background too.)
+    return written if isinstance(written, Future) else written.upload_completion
 
 
 def load(rest: Any, like: Any, folder: Path) -> Any:

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from . import distributed
+from .errors import CheckpointError
+
 
 def save(payload: dict[str, Any], path: Path) -> None:
     """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
@@ -54,3 +57,21 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def check_free_space(directory: Path, needed: int, is_main: bool) -> None:
+    """Fail on every rank alike when `directory` (as rank 0 sees it) has fewer than `needed` bytes free."""
+    free = shutil.disk_usage(directory).free if is_main else needed
+    if distributed.agree(free < needed):
+        raise CheckpointError(
+            f"{directory} has {_in_words(free)} free, checkpoints need about {_in_words(needed)}; "
+            "free some space or lower --keep-checkpoints"
+        )
+
+
+def _in_words(count: int) -> str:
+    """A byte count in words: 512 bytes, 3.2 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"

@@ -7,14 +7,14 @@ file of whole tensors, except under FSDP on several ranks, where every rank writ
 and plain data, never code.
 """
 
-import math
+import copy
 import os
-import random
-import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
@@ -26,7 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from . import distributed, files, sharded
+from . import distributed, files, rng, sharded
+from .config import TrainConfig
 from .distributed import Runtime
 from .errors import CheckpointError
 
@@ -38,27 +39,6 @@ FULL = StateDictOptions(full_state_dict=True)  # whole tensors on every rank
 SHARDS = StateDictOptions()  # each rank's own shards (DTensors); whole tensors when the model is not sharded
 
 
-def rng_state(runtime: Runtime) -> dict[str, torch.Tensor]:
-    """This rank's random generators as tensors, so a resumed run draws the same numbers."""
-    _, python_state, gauss_next = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": torch.tensor(python_state, dtype=torch.int64),
-        "python_gauss": torch.tensor([math.nan if gauss_next is None else gauss_next], dtype=torch.float64),
-    }
-    if runtime.device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(runtime.device)
-    return state
-
-
-def set_rng_state(state: dict[str, torch.Tensor], runtime: Runtime) -> None:
-    torch.set_rng_state(state["torch"])
-    gauss_next = state["python_gauss"].item()
-    random.setstate((3, tuple(state["python"].tolist()), None if math.isnan(gauss_next) else gauss_next))
-    if "cuda" in state and runtime.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], runtime.device)
-
-
 class Checkpointer:
     """Saves `epoch-NNNN` after every epoch (and `epoch-NNNN-step-SSSSSSSS` part-way through epoch
     NNNN, after update SSSSSSSS), keeps the newest few, and links the best to `best`.
@@ -66,41 +46,69 @@ class Checkpointer:
     A checkpoint is one file (`.pt`) written by rank 0 or, when FSDP shards the model over several
     ranks, a folder (`.dcp`) every rank writes its shards into (sharded.py). Either kind resumes on
     any number of ranks. The names sort in the order they were written.
+
+    In the background (--async-checkpoints), `save` takes a copy of the state in host memory and a
+    thread writes it while training goes on; the rename that makes it a checkpoint, the best link
+    and the rotation wait for `finish`, which the next save, the final test and train.py call.
     """
 
     def __init__(
         self,
         run_dir: Path,
         runtime: Runtime,
-        keep: int,
+        config: TrainConfig,
         model: nn.Module,
         optimizers: list[torch.optim.Optimizer],
         ema: "WeightAverage | None",
     ) -> None:
         self.directory = run_dir / "checkpoints"
         self.runtime = runtime
-        self.keep = keep
+        self.keep = config.keep_checkpoints
         self.model, self.optimizers, self.ema = model, optimizers, ema
         self.sharded = sharded.is_sharded(model)
+        self.in_background = in_background = config.async_checkpoints
+        # Rank 0 writes a checkpoint file in a thread; DCP runs a sharded save's collectives in its own
+        # thread, in a process group of its own that keeps them apart from training's.
+        self.writer = ThreadPoolExecutor(max_workers=1) if in_background and not self.sharded else None
+        self.group = dist.new_group(backend="gloo") if in_background and self.sharded else None
+        self.writing: tuple[Future | None, Path, bool] | None = None  # a save in progress: its folder, is_best
 
     def save(self, state: dict[str, Any], name: str, is_best: bool, running: dict[str, Any] | None = None) -> None:
         """Every rank must call this: FSDP gathers or writes the shards, and every rank's RNG state is kept.
 
         `running`: this rank's running totals of an epoch stopped part-way, kept for every rank.
         """
+        self.finish()  # one save at a time
         payload = {**state, **self.weights(SHARDS if self.sharded else FULL_ON_RANK0)}
-        payload["rng"] = _per_rank(rng_state(self.runtime), self.runtime.world_size)
+        payload["rng"] = _per_rank(rng.state(self.runtime), self.runtime.world_size)
         payload["world_size"] = self.runtime.world_size
         if running is not None:
             running = {**running, "skipped": torch.tensor([running["skipped"]])}
             payload["running"] = _per_rank(running, self.runtime.world_size)
         path = self.directory / (name + (sharded.SUFFIX if self.sharded else ".pt"))
+        written: Future | None
+        try:
+            written = self.write_shards(payload, path) if self.sharded else self.write_file(payload, path)
+        except (OSError, CheckpointException) as error:
+            written = Future()
+            written.set_exception(error)  # `finish` reports it
+        self.writing = (written, path, is_best)
+        if not self.in_background:
+            self.finish()
+
+    def finish(self) -> None:
+        """Complete the save in progress, if any, once written: rename a sharded folder, link the best
+        checkpoint, drop the oldest; or fail on every rank. Every rank must call this."""
+        if self.writing is None:
+            return
+        written, path, is_best = self.writing
+        self.writing = None
         problem = ""
         try:
-            if self.sharded:
-                self.write_shards(payload, path)
-            elif self.runtime.is_main:
-                files.save(payload, path)
+            if written is not None:
+                written.result()
+            if self.sharded and self.runtime.is_main:
+                os.replace(path.with_name(path.name + ".tmp"), path)
         except (OSError, CheckpointException) as error:
             problem = f"could not write {path} ({first_line(error)}); older checkpoints are intact, free some space"
         if self.runtime.is_main and not problem:
@@ -112,17 +120,29 @@ class Checkpointer:
         if distributed.agree(bool(problem)):
             raise CheckpointError(problem or "rank 0 could not write a checkpoint; see its log")
 
-    def write_shards(self, payload: dict[str, Any], path: Path) -> None:
-        """Every rank writes its shards into a temporary folder; rank 0 adds trainer.pt, then renames it."""
+    def write_file(self, payload: dict[str, Any], path: Path) -> Future | None:
+        """Rank 0 writes the checkpoint file; in the background, a copy of it (training goes on changing
+        the weights), returning the writing's Future."""
+        if not self.runtime.is_main:
+            return None
+        if self.writer is not None:
+            return self.writer.submit(files.save, copy.deepcopy(payload), path)
+        files.save(payload, path)
+        return None
+
+    def write_shards(self, payload: dict[str, Any], path: Path) -> Future | None:
+        """Every rank writes its shards into a temporary folder (`finish` renames it), rank 0 trainer.pt;
+        in the background, returns the writing's Future."""
         temporary = path.with_name(path.name + ".tmp")
+        shards, rest = sharded.split(payload)
         if self.runtime.is_main:
             files.remove(temporary)  # left by a run killed while it wrote
-        distributed.barrier()
-        shards, rest = sharded.split(payload)
-        sharded.save(shards, temporary)
-        if self.runtime.is_main:
             files.save(rest, temporary / sharded.TRAINER_FILE)
-            os.replace(temporary, path)
+        distributed.barrier()  # DCP writes into the folder rank 0 made
+        if self.group is not None:
+            return sharded.save_in_background(shards, temporary, self.group)
+        sharded.save(shards, temporary)
+        return None
 
     def weights(self, options: StateDictOptions, with_optimizers: bool = True) -> dict[str, Any]:
         """The model's state, the optimizers' and the moving average's, as a checkpoint holds them."""
@@ -137,13 +157,7 @@ class Checkpointer:
         """Fail before training, not at hour 40, when the run directory cannot hold the checkpoints."""
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # Weights plus two optimizer moments, for each kept checkpoint, the best one and one being written.
-        needed = 3 * weights * (self.keep + 2)
-        free = shutil.disk_usage(self.directory.parent).free if self.runtime.is_main else needed
-        if distributed.agree(free < needed):
-            raise CheckpointError(
-                f"{self.directory.parent} has {_size(free)} free, checkpoints need about {_size(needed)}; "
-                "free some space or lower --keep-checkpoints"
-            )
+        files.check_free_space(self.directory.parent, 3 * weights * (self.keep + 2), self.runtime.is_main)
 
     def checkpoints(self) -> list[Path]:
         return checkpoints_in(self.directory)
@@ -203,7 +217,7 @@ class Checkpointer:
                 "resume with the code that wrote it, or start a new --run-dir"
             ) from None
         if checkpoint["world_size"] == self.runtime.world_size:
-            set_rng_state(checkpoint["rng"][self.runtime.rank], self.runtime)
+            rng.restore(checkpoint["rng"][self.runtime.rank], self.runtime)
         elif self.runtime.is_main:
             print(
                 f"warning: checkpoint was written by {checkpoint['world_size']} ranks, this run has "
@@ -218,6 +232,7 @@ class Checkpointer:
         A missing or unreadable best checkpoint leaves the last weights in place, with a warning:
         the run's results are kept either way.
         """
+        self.finish()
         [path] = [*self.directory.glob("best.pt"), *self.directory.glob("best" + sharded.SUFFIX)] or [
             self.directory / "best.pt"
         ]
@@ -275,14 +290,6 @@ def _per_rank(tensors: dict[str, torch.Tensor], world_size: int) -> list[dict[st
     """Every rank's values of these tensors (every rank must call this), as one dict per rank."""
     gathered = {name: distributed.all_gather(value) for name, value in tensors.items()}
     return [{name: values[rank] for name, values in gathered.items()} for rank in range(world_size)]
-
-
-def _size(count: int) -> str:
-    """A byte count in words: 512 bytes, 3.2 MiB."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} bytes"
 
 
 def first_line(error: BaseException) -> str:

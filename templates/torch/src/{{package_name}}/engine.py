@@ -77,9 +77,7 @@ class Trainer:
         self.stopped = ""  # why fit() stopped before the end, in words
         self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
         stage_optimizers = [stage.optimizer for stage in self.stages]
-        self.checkpointer = Checkpointer(
-            self.run_dir, runtime, config.keep_checkpoints, self.trained, stage_optimizers, self.ema
-        )
+        self.checkpointer = Checkpointer(self.run_dir, runtime, config, self.trained, stage_optimizers, self.ema)
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
         self.throughput = Throughput(config, runtime.device, runtime.world_size)
