@@ -535,6 +535,18 @@ def test_flags_page_lists_every_trainer_flag(exercised):
 
 
 @pytest.mark.parametrize("strategy", TF_STRATEGIES)
+def test_both_backends_list_the_flags_they_share_in_the_same_order(exercised, strategy):
+    def in_order(help_text: str) -> list[str]:  # each option's first line in --help starts with it
+        return re.findall(r"^  (--[a-z][a-z0-9-]*)", help_text, re.MULTILINE)
+
+    torch_flags = in_order(exercised["outputs"][TRAIN_HELP].stdout)
+    tensorflow_flags = in_order(exercised["helps"][strategy, TRAIN_HELP].stdout)
+    shared = set(torch_flags) & set(tensorflow_flags)
+    assert len(shared) > 25
+    assert [flag for flag in torch_flags if flag in shared] == [flag for flag in tensorflow_flags if flag in shared]
+
+
+@pytest.mark.parametrize("strategy", TF_STRATEGIES)
 def test_flags_page_lists_every_tensorflow_trainer_flag(exercised, strategy):
     # A row applies to "all" strategies or names the ones it applies to, e.g. `mirrored`.
     documented: set[str] = set()

@@ -51,9 +51,34 @@ class TrainConfig(Settings):
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
     )
+    ema_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": "Keep an exponential moving average of the weights with this decay (0.999, say), evaluated and "
+            "checkpointed beside them as val_ema_* and test_ema_*. 0: none."
+        },
+    )
+    nan_policy: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={
+            "help": "What an update with a NaN/inf loss or gradient does: stop the run, or skip that update "
+            "(weights, optimizer and schedule unchanged) and go on."
+        },
+    )
+    max_consecutive_skips: int = field(
+        default=10,
+        metadata={"help": "With --nan-policy skip, stop after more than this many skipped updates in a row."},
+    )
     precision: Literal["fp32", "bf16", "fp16"] = field(
         default="fp32",
         metadata={"help": "Keras mixed-precision policy: bf16 or fp16 compute, fp32 weights; fp16 adds loss scaling."},
+    )
+    profile: bool = field(
+        default=False,
+        metadata={
+            "help": "Record calls 2 to 4 of the train step with TensorFlow's profiler into <run-dir>/profile, "
+            "for TensorBoard."
+        },
     )
     seed: int = field(default=0, metadata={"help": "Seed for weights and shuffling."})
     run_dir: str = field(
@@ -109,37 +134,12 @@ class TrainConfig(Settings):
     log_every: int = field(
         default=10, metadata={"help": "Optimizer updates between progress updates, loss checks and steps.jsonl lines."}
     )
-    profile: bool = field(
-        default=False,
-        metadata={
-            "help": "Record calls 2 to 4 of the train step with TensorFlow's profiler into <run-dir>/profile, "
-            "for TensorBoard."
-        },
-    )
     steps_per_call: int = field(
         default=10,
         metadata={
             "help": "Optimizer updates per tf.function call, at most: Python runs once per call, so small models "
             "train faster. A call also ends every --log-every updates, for progress and loss checks."
         },
-    )
-    ema_decay: float = field(
-        default=0.0,
-        metadata={
-            "help": "Keep an exponential moving average of the weights with this decay (0.999, say), evaluated and "
-            "checkpointed beside them as val_ema_* and test_ema_*. 0: none."
-        },
-    )
-    nan_policy: Literal["stop", "skip"] = field(
-        default="stop",
-        metadata={
-            "help": "What an update with a NaN/inf loss or gradient does: stop the run, or skip that update "
-            "(weights, optimizer and schedule unchanged) and go on."
-        },
-    )
-    max_consecutive_skips: int = field(
-        default=10,
-        metadata={"help": "With --nan-policy skip, stop after more than this many skipped updates in a row."},
     )
     tracker: Literal["none", "wandb", "mlflow"] = field(
         default="none",
