@@ -202,8 +202,8 @@ class TrainConfig(Settings):
                 f"--cpu-replicas {self.cpu_replicas} is far more than this machine's {cpus} CPUs; use at most {cpus}"
             )
 
-    def check_batch_split(self, replicas: int) -> int:
-        """Return the per-replica micro-batch size, or explain why the global batch does not split."""
+    def check_batch_split(self, replicas: int) -> None:
+        """Refuse a global batch that does not split into equal micro-batches, one per replica and micro-step."""
         replicas_times_accum = replicas * self.grad_accum_steps
         if self.global_batch_size % replicas_times_accum:
             raise ConfigError(
@@ -211,7 +211,6 @@ class TrainConfig(Settings):
                 f"--grad-accum-steps = {replicas} x {self.grad_accum_steps}; "
                 f"use a multiple of {replicas_times_accum}"
             )
-        return self.global_batch_size // replicas_times_accum
 
 
 # Settings baked into the schedule, the optimizer state or the data order: a resumed run must keep them.

@@ -205,8 +205,8 @@ class TrainConfig(Settings):
                 "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
             )
 
-    def check_batch_split(self, world_size: int) -> int:
-        """Return the per-rank micro-batch size, or explain why the global batch does not split."""
+    def check_batch_split(self, world_size: int) -> None:
+        """Refuse a global batch that does not split into equal micro-batches, one per rank and micro-step."""
         replicas_times_accum = world_size * self.grad_accum_steps
         if self.global_batch_size % replicas_times_accum:
             raise ConfigError(
@@ -214,7 +214,6 @@ class TrainConfig(Settings):
                 f"--grad-accum-steps = {world_size} x {self.grad_accum_steps}; "
                 f"use a multiple of {replicas_times_accum}"
             )
-        return self.global_batch_size // replicas_times_accum
 
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
