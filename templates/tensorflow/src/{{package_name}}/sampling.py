@@ -63,7 +63,7 @@ class TrainSplit:
             self.stream_position = tf.Variable([0, 0], dtype=tf.int64, trainable=False)
             # A streamed run is one epoch of --max-steps updates, over as many passes as that takes.
             self.updates_per_epoch, self.samples_per_epoch = config.max_steps, None
-            if not list(self._stream(0).take(1)):
+            if not list(self._one_pass(tf.constant(0, tf.int64)).take(1)):
                 raise DataError(
                     f"data.py: the train stream gave no global batch (fewer than {self.splits} samples: replicas x "
                     "--grad-accum-steps)"
@@ -107,14 +107,14 @@ class TrainSplit:
 
     def _stream(self, first_pass: int) -> tf.data.Dataset:
         """The stream's global batches from pass `first_pass` on, each with its (pass, global batches of it so far)."""
-        size = self.config.global_batch_size
-
-        def one_pass(number: tf.Tensor) -> tf.data.Dataset:
-            whole = make_batches(self.dataset, size).filter(lambda *batch: rows(batch) >= self.splits)
-            return whole.enumerate(start=1).map(lambda index, batch: (tf.stack([number, index]), batch))
-
         # At most a pass per update: a stream that gives nothing on a later pass runs out instead of looping.
-        return tf.data.Dataset.range(first_pass, first_pass + self.config.max_steps + 1).flat_map(one_pass)
+        return tf.data.Dataset.range(first_pass, first_pass + self.config.max_steps + 1).flat_map(self._one_pass)
+
+    def _one_pass(self, number: tf.Tensor) -> tf.data.Dataset:
+        """Pass `number` in global batches with their positions (a short last one if each micro-batch gets a sample)."""
+        whole = make_batches(self.dataset, self.config.global_batch_size)
+        kept = whole.filter(lambda *batch: rows(batch) >= self.splits)
+        return kept.enumerate(start=1).map(lambda index, batch: (tf.stack([number, index]), batch))
 
 
 def distribute_eval(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, split: str, batch_size: int) -> Any:
