@@ -20,14 +20,14 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow: pip install tensorflow-cpu"
 )
 
-SPLITS = "    return make_split(1007), make_split(251), make_split(257)\n"
+MADE = "make_split(1007), make_split(251), make_split(257)"  # data.py's train, val and test splits
 # 1007 samples, 64 a global batch: 15 full ones and a short one of 47 make a pass of 16 updates.
 FLAGS = ("--max-steps", "40", "--global-batch-size", "64", "--warmup-steps", "5")
 
 
 def with_splits(project: Path, returned: str) -> None:
     """data.py's build_datasets returns `returned` from the synthetic task's train, val and test splits."""
-    edit(project, "data.py", SPLITS, f"    train, val, test = {SPLITS.strip()[7:]}\n    {returned}\n")
+    edit(project, "data.py", f"    return {MADE}\n", f"    train, val, test = {MADE}\n    {returned}\n")
 
 
 @pytest.fixture(scope="module")

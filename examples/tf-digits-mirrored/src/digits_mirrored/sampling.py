@@ -48,8 +48,8 @@ class TrainSplit:
         self.splits = strategy.num_replicas_in_sync * config.grad_accum_steps  # micro-batches in an update
         # A stream's (pass, global batches of it trained on), set by the train step after every update.
         self.stream_position: tf.Variable | None = None
-        size = _size(dataset, "train")
-        if size < 0:
+        self.size = _size(dataset, "train")  # negative for a stream
+        if self.size < 0:
             if not config.max_steps:
                 raise ConfigError(
                     "data.py's train set is a stream (a tf.data.Dataset of unknown size): train it for --max-steps "
@@ -69,10 +69,10 @@ class TrainSplit:
                     "--grad-accum-steps)"
                 )
             return
-        full, rest = divmod(size, config.global_batch_size)
+        full, rest = divmod(self.size, config.global_batch_size)
         keep_short = rest >= self.splits  # every micro-batch of a short last batch gets a sample
         self.updates_per_epoch = full + keep_short
-        self.samples_per_epoch = size if keep_short else full * config.global_batch_size
+        self.samples_per_epoch = self.size if keep_short else full * config.global_batch_size
 
     def distribute(self, epoch: int, start: int) -> Any:
         """Epoch `epoch` from global batch `start` on (a resumed epoch); a stream from its saved position on."""
@@ -80,7 +80,7 @@ class TrainSplit:
             first_pass, done = (int(value) for value in self.stream_position.numpy())
             return _distribute(self.strategy, lambda replicas: self._stream(first_pass).skip(done), with_position=True)
         config = self.config
-        buffer = config.shuffle_buffer or int(self.dataset.cardinality())
+        buffer = config.shuffle_buffer or self.size
 
         def global_batches(replicas: int) -> tf.data.Dataset:
             # seed + epoch: a new order every epoch, the same on every worker and after --resume.
@@ -94,7 +94,8 @@ class TrainSplit:
         if self.samples_per_epoch is None:
             return
         full, rest = divmod(self.samples_per_epoch, self.config.global_batch_size)
-        expected = sum(([self.config.global_batch_size] * full + ([rest] if rest else []))[first:end])
+        sizes = [self.config.global_batch_size] * full + ([rest] if rest else [])  # of the epoch's global batches
+        expected = sum(sizes[first:end])
         if samples != expected:
             raise TrainingError(
                 f"trained on {samples} samples this epoch, expected {expected}; data.py's make_batches "

@@ -66,11 +66,11 @@ class Checkpointer:
         self.keep = config.keep_checkpoints
         self.model, self.optimizers, self.ema = model, optimizers, ema
         self.sharded = sharded.is_sharded(model)
-        self.in_background = in_background = config.async_checkpoints
+        self.in_background = config.async_checkpoints
         # Rank 0 writes a checkpoint file in a thread; DCP runs a sharded save's collectives in its own
         # thread, in a process group of its own that keeps them apart from training's.
-        self.writer = ThreadPoolExecutor(max_workers=1) if in_background and not self.sharded else None
-        self.group = dist.new_group(backend="gloo") if in_background and self.sharded else None
+        self.writer = ThreadPoolExecutor(max_workers=1) if self.in_background and not self.sharded else None
+        self.group = dist.new_group(backend="gloo") if self.in_background and self.sharded else None
         self.writing: tuple[Future | None, Path, bool] | None = None  # a save in progress: its folder, is_best
 
     def save(self, state: dict[str, Any], name: str, is_best: bool, running: dict[str, Any] | None = None) -> None:
@@ -108,7 +108,7 @@ class Checkpointer:
             if written is not None:
                 written.result()
             if self.sharded and self.runtime.is_main:
-                os.replace(path.with_name(path.name + ".tmp"), path)
+                os.replace(files.temporary(path), path)
         except (OSError, CheckpointException) as error:
             problem = f"could not write {path} ({first_line(error)}); older checkpoints are intact, free some space"
         if self.runtime.is_main and not problem:
@@ -133,15 +133,15 @@ class Checkpointer:
     def write_shards(self, payload: dict[str, Any], path: Path) -> Future | None:
         """Every rank writes its shards into a temporary folder (`finish` renames it), rank 0 trainer.pt;
         in the background, returns the writing's Future."""
-        temporary = path.with_name(path.name + ".tmp")
+        folder = files.temporary(path)
         shards, rest = sharded.split(payload)
         if self.runtime.is_main:
-            files.remove(temporary)  # left by a run killed while it wrote
-            files.save(rest, temporary / sharded.TRAINER_FILE)
+            files.remove(folder)  # left by a run killed while it wrote
+            files.save(rest, folder / sharded.TRAINER_FILE)
         distributed.barrier()  # DCP writes into the folder rank 0 made
         if self.group is not None:
-            return sharded.save_in_background(shards, temporary, self.group)
-        sharded.save(shards, temporary)
+            return sharded.save_in_background(shards, folder, self.group)
+        sharded.save(shards, folder)
         return None
 
     def weights(self, options: StateDictOptions, with_optimizers: bool = True) -> dict[str, Any]:

@@ -14,34 +14,39 @@ from . import distributed
 from .errors import CheckpointError
 
 
+def temporary(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place: `path` with `.tmp` added."""
+    return path.with_name(path.name + ".tmp")
+
+
 def save(payload: dict[str, Any], path: Path) -> None:
     """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
+    written = temporary(path)
     try:
-        with temporary.open("wb") as file:
+        with written.open("wb") as file:
             torch.save(payload, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)
+        os.replace(written, path)
     finally:
-        temporary.unlink(missing_ok=True)  # after a failure, leave no partial file behind
+        written.unlink(missing_ok=True)  # after a failure, leave no partial file behind
 
 
 def link_best(source: Path, target: Path) -> None:
     """Point `target` (best.pt or best.dcp) at a checkpoint's data without copying it (hard links
     where possible); the best checkpoint of the other kind, from a run on another number of ranks, goes."""
-    temporary = target.with_name(target.name + ".tmp")
-    remove(temporary)
+    linked = temporary(target)
+    remove(linked)
     if source.is_dir():
-        temporary.mkdir()
+        linked.mkdir()
         for file in source.iterdir():
-            _link(file, temporary / file.name)
+            _link(file, linked / file.name)
     else:
-        _link(source, temporary)
+        _link(source, linked)
     for old in (target.with_suffix(".pt"), target.with_suffix(".dcp")):
         remove(old)
-    os.replace(temporary, target)
+    os.replace(linked, target)
 
 
 def _link(source: Path, target: Path) -> None:
