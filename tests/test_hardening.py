@@ -15,7 +15,7 @@ import pytest
 from conftest import answers, looptpl
 from test_update import V1, V2, git, install, isolated, new_project, template_repo  # noqa: F401 (fixtures)
 
-from looptpl import render
+from looptpl import render, signals
 from looptpl.errors import LooptplError
 
 
@@ -163,7 +163,48 @@ def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, dela
     else:
         assert process.returncode == 128 + getattr(signal, name), (stdout, stderr)
         assert stderr == "error: cancelled; nothing was written\n"
-    assert sorted(path.name for path in tmp_path.iterdir()) in (["home", "tmp"], ["tmp"])
+    assert sorted(path.name for path in tmp_path.iterdir()) in (["home", "tmp"], ["tmp"]), listing(tmp_path)
+
+
+@pytest.fixture
+def cancellable(monkeypatch):
+    """looptpl's own SIGINT/SIGTERM handlers in this process, as the `looptpl` script installs them."""
+    handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(signals, "cancelled", False)
+    monkeypatch.setattr(signals, "exit_code", 130)
+    signals.install()
+    yield
+    for each, handler in handlers.items():
+        signal.signal(each, handler)
+
+
+def signalled_after(function, when):
+    """`function`, sending this process a SIGTERM right after a call that `when(*args)` picks has returned."""
+
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if when(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    return wrapped
+
+
+@pytest.mark.parametrize("moment", ["making DEST", "making the staging folder", "moving the first entry in"])
+def test_a_signal_right_after_a_folder_is_made_or_moved_still_leaves_nothing(
+    tmp_path, monkeypatch, cancellable, moment
+):
+    """The signal lands between a write and the note that lets the cleanup undo it (deterministically here)."""
+    destination = tmp_path / "deep" / "proj"
+    if moment == "making DEST":
+        monkeypatch.setattr(Path, "mkdir", signalled_after(Path.mkdir, lambda path, *_, **__: path == destination))
+    elif moment == "making the staging folder":
+        monkeypatch.setattr(render.tempfile, "mkdtemp", signalled_after(render.tempfile.mkdtemp, lambda **_: True))
+    else:
+        monkeypatch.setattr(render.os, "rename", signalled_after(render.os.rename, lambda *_: True))
+    result = looptpl("new", str(destination), "--defaults")
+    one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
+    assert listing(tmp_path) == []
 
 
 # --- looptpl update: what copier would silently skip (#15 item 5) --------------------------------
@@ -219,3 +260,11 @@ def test_update_with_a_non_text_description_in_the_answers_is_one_line(generated
     git(generated, "commit", "-qam", "Edit the answers")
     result = looptpl("update", str(generated))
     one_line_error(result, "the description must be text, not list")
+
+
+def test_a_signal_once_the_project_is_in_place_keeps_it_and_says_so(tmp_path, monkeypatch, cancellable):
+    """Past the last move nothing is taken back, so the command must not claim that nothing was written."""
+    monkeypatch.setattr(signals, "finished", signalled_after(signals.finished, lambda: True))
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
+    assert result.exit_code == 0 and result.stdout.startswith("Created "), (result.stdout, result.stderr)
+    assert (tmp_path / "proj" / "src" / "proj" / "train.py").is_file()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from looptpl import signals
 from looptpl.errors import LooptplError
 from looptpl.examples import Example, apply_example
 from looptpl.gitcmd import git, identity_if_missing
@@ -56,19 +57,25 @@ def render_project(request: RenderRequest) -> list[str]:
 
 def _render_in_place(request: RenderRequest) -> list[str]:
     destination = request.destination
-    created = _make_folders(destination)
+    created: list[Path] = []
     moved: list[Path] = []
     staging: Path | None = None
     try:
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=destination))
+        # A Ctrl-C between making a folder (or moving an entry) and noting it would leave it behind: the
+        # signal waits for the end of these blocks, and the cleanup below knows everything they made.
+        with signals.deferred():
+            _make_folders(destination, created)
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=destination))
         files = _render(staging, request)
         staged_project = _staged_project(staging, destination)
         if request.git:
             _git_init_and_commit(staged_project)
         _claim(destination, staging)
-        for entry in sorted(staged_project.iterdir()):
-            os.rename(entry, destination / entry.name)
-            moved.append(destination / entry.name)
+        with signals.deferred():  # a signal meanwhile takes every entry moved so far back out
+            for entry in sorted(staged_project.iterdir()):
+                os.rename(entry, destination / entry.name)
+                moved.append(destination / entry.name)
+            signals.finished()
         moved.clear()  # every entry is in place: nothing to take back
         return files
     finally:
@@ -104,25 +111,23 @@ def _render(staging: Path, request: RenderRequest) -> list[str]:
 
 
 def _remove(folder: Path) -> None:
-    """Remove a folder; retried for a moment, since a git that copier started may still be writing in it."""
-    for _ in range(20):
+    """Remove a folder; retried for a while, since a git that copier started may still be writing in it."""
+    for _ in range(100):
         shutil.rmtree(folder, ignore_errors=True)
         if not folder.exists():
             return
         time.sleep(0.1)
 
 
-def _make_folders(destination: Path) -> list[Path]:
-    """Create DEST and the folders above it that are missing; the ones this call created, outermost first."""
+def _make_folders(destination: Path, created: list[Path]) -> None:
+    """Create DEST and the folders above it that are missing; note the ones this call made, outermost first."""
     missing = [folder for folder in (destination, *destination.parents) if not folder.exists()]
-    created = []
     for folder in reversed(missing):
         try:
             folder.mkdir()
         except FileExistsError:
             continue  # made meanwhile by someone else: not ours to remove
         created.append(folder)
-    return created
 
 
 def _claim(destination: Path, staging: Path) -> None:

@@ -3,18 +3,24 @@
 Both raise Cancelled, so `finally` blocks and context managers remove what a command had started to
 write: SIGTERM (a `kill`, a CI timeout, a closing container) would otherwise end the process on the
 spot and leave a half-rendered staging folder and copier's temporary clone behind. A second signal
-during that cleanup is ignored, so the cleanup finishes. Without install() (looptpl used as a
-library, or in tests) Ctrl-C stays Python's KeyboardInterrupt, which the CLI reports the same way.
+during that cleanup is ignored, so the cleanup finishes. Inside `deferred()` the cancellation waits
+for the block's end: a step that makes a folder and notes it for the cleanup must not be cut in two.
+Without install() (looptpl used as a library, or in tests) Ctrl-C stays Python's KeyboardInterrupt,
+which the CLI reports the same way.
 """
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 exit_code = 130  # 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM
 cancelled = False  # set by a signal: whatever exception follows (Python 3.11 wraps one raised in `__set_name__`
 # while a module imports into a RuntimeError, say) is the cancellation, not a failure to report
 MESSAGE = "cancelled; nothing was written"
+_deferring = False  # inside deferred(): a signal only marks the command cancelled
+_finished = False  # after finished(): the command's work is done and kept, a signal changes nothing
 
 
 class Cancelled(BaseException):
@@ -23,14 +29,38 @@ class Cancelled(BaseException):
 
 def _cancel(signum: int, frame: FrameType | None) -> None:
     global exit_code, cancelled
+    if _finished:
+        return
     exit_code, cancelled = 128 + signum, True
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
-    raise Cancelled
+    if not _deferring:
+        raise Cancelled
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a Ctrl-C or SIGTERM until the block ends, then cancel: for `mkdir` and noting the folder made."""
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    if cancelled:
+        raise Cancelled
+
+
+def finished() -> None:
+    """The command's work is in place: a signal from now on is not a cancellation (it would say nothing was written)."""
+    global _finished
+    _finished = True
 
 
 def install() -> None:
     """Make SIGINT and SIGTERM raise Cancelled (call it first thing, from the entry point only)."""
+    global _finished
+    _finished = False
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, _cancel)
 
