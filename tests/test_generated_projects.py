@@ -75,6 +75,23 @@ def test_todos_live_only_in_user_files(projects, strategy):
             assert "Managed by the looptpl template" in path.read_text().split('"""')[1], path
 
 
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
+def test_readme_table_names_every_file_of_the_package_and_whose_it_is(projects, strategy):
+    """The generated README's "What to edit first" table: the user's files say yes, every other module no."""
+    package = projects[strategy] / "src" / package_of(projects[strategy])
+    named: dict[str, set[str]] = {"yes": set(), "no": set()}
+    for line in (projects[strategy] / "README.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            owner = cells[2].split(":")[0]
+            named[owner] |= {name.removeprefix(f"src/{package.name}/") for name in re.findall(r"`([^`]+)`", cells[0])}
+    modules = {path.name for path in package.glob("*.py")} - {"__init__.py"}
+    assert named["yes"] == user_files(package)
+    assert modules - named["yes"] - named["no"] == set(), "modules the README's table leaves out"
+    stale = {name for name in named["no"] if not (package / name).exists() and not (projects[strategy] / name).exists()}
+    assert stale == set(), "files the README's table names that the project lacks"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_generated_project_passes_its_own_tests(projects, strategy):
@@ -182,7 +199,9 @@ TWINS = [
     ".gitignore",
     "{{_copier_conf.answers_file}}.jinja",
     "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
+    "src/{{package_name}}/__init__.py.jinja",
     "src/{{package_name}}/plot.py.jinja",
+    "src/{{package_name}}/settings.py",
     "src/{{package_name}}/config_file.py",
     "src/{{package_name}}/trackers.py",
     "tests/test_no_conflict_markers.py",
@@ -194,3 +213,34 @@ TWINS = [
 def test_backend_twins_stay_identical(path):
     torch_copy, tensorflow_copy = (REPO_ROOT / "templates" / backend / path for backend in ("torch", "tensorflow"))
     assert torch_copy.read_bytes() == tensorflow_copy.read_bytes(), f"templates/*/{path} differ: change both"
+
+
+# Backend-neutral functions and classes inside files that differ between the backends: the same text in both.
+SHARED_DEFINITIONS = {
+    "src/{{package_name}}/logs.py": ["MetricLogger", "ProgressBar", "_numbers", "_read_jsonl", "_format"],
+    "src/{{package_name}}/collect.py": ["evaluation"],
+    "src/{{package_name}}/config.py.jinja": ["check_resumable", "flag", "parse_config", "_number"],
+    "src/{{package_name}}/errors.py": ["ConfigError", "TrainingError", "CheckpointError"],
+    "src/{{package_name}}/evaluation.py": ["finite_or_raise"],
+}
+
+
+def top_level_definitions(path: Path) -> dict[str, str]:
+    """Each top-level `def` or `class` of a template file, by name: its lines up to the next unindented one."""
+    definitions, lines = {}, path.read_text().splitlines()
+    for start, line in enumerate(lines):
+        if match := re.match(r"(?:def|class) (\w+)", line):
+            end = start + 1
+            while end < len(lines) and (not lines[end] or lines[end][0] in " )"):
+                end += 1
+            definitions[match[1]] = "\n".join(lines[start:end]).rstrip()
+    return definitions
+
+
+@pytest.mark.parametrize("path", SHARED_DEFINITIONS)
+def test_backend_neutral_definitions_stay_identical(path):
+    torch_copy, tensorflow_copy = (
+        top_level_definitions(REPO_ROOT / "templates" / backend / path) for backend in ("torch", "tensorflow")
+    )
+    for name in SHARED_DEFINITIONS[path]:
+        assert name in torch_copy and torch_copy.get(name) == tensorflow_copy.get(name), f"{name} in templates/*/{path}"

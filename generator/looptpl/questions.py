@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from looptpl import signals
 from looptpl.errors import LooptplError
 from looptpl.validation import (
     check_package_name,
@@ -165,7 +166,7 @@ def _ask(question: str, default: str | None, problem: Callable[[str], str | None
         return str(typer.prompt(question, default=default, value_proc=checked))
     except typer.Abort:
         typer.echo("", err=True)
-        raise LooptplError("cancelled; nothing was written", exit_code=130) from None
+        raise LooptplError(signals.MESSAGE, exit_code=130) from None  # 130: as for Ctrl-C
 
 
 def _one_of(choices: Sequence[str]) -> Callable[[str], str | None]:

@@ -16,13 +16,13 @@ from .config import TrainConfig
 class Runtime:
     """The strategy, and this process's part in the run.
 
-    The engine and train.py coordinate processes only through `is_chief` (the process that logs
+    The engine and train.py coordinate processes only through `is_main` (the process that logs
     and writes files), `agree` and `any_worker`. Here one process holds every replica, so it is the
     chief and has no one to agree with; the multi-worker template fills them in.
     """
 
     strategy: tf.distribute.Strategy
-    is_chief: bool = True
+    is_main: bool = True
     task_id: int = 0  # this process's index among the run's processes
     workers: int = 1  # the run's processes
 

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
+from .callbacks import EarlyStopping, HookCaller, Run
 from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
@@ -25,6 +25,7 @@ from .ema import WeightAverage
 from .errors import TrainingError
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
+from .logs import MetricLogger, ProgressBar
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import TrainSplit, distribute_eval
@@ -103,10 +104,10 @@ class Trainer:
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
-        self.logger = MetricLogger(self.run_dir, config) if runtime.is_chief else None
-        self.progress = ProgressBar(config.progress and runtime.is_chief)
+        self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
+        self.progress = ProgressBar(config.progress and runtime.is_main)
         # hooks.py sees what model.py and optim.py built.
-        self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_chief)
+        self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_main)
         self.hook = HookCaller(Hooks, config, self.run)
         ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, ema)
@@ -212,7 +213,7 @@ class Trainer:
             print(f"resumed from epoch {epoch}, step {int(self.step.numpy())}{within}", flush=True)
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.terminate and self.runtime.is_chief:
+        if not self.terminate and self.runtime.is_main:
             print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
         self.terminate = True
 
@@ -273,7 +274,7 @@ class Trainer:
         """Evaluate the best (or last) weights on the test set and return the summary."""
         tested = "last"
         if self.config.test_on == "best":
-            tested = self.checkpointer.restore_best_weights(self.trained)
+            tested = self.checkpointer.load_best(self.trained)
             if tested == "best":
                 tested = f"best (epoch {int(self.early_stopping.best_epoch.numpy())})"
         summary: dict[str, Any] = {

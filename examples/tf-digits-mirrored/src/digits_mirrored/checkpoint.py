@@ -70,7 +70,7 @@ class Checkpointer:
         # Every worker must save: saving reads variables, which can take a collective (a variable
         # summed across replicas is all-reduced on read). Only the chief's files are real; the
         # others write to a scratch directory of their own, removed after each save.
-        self.scratch = None if runtime.is_chief else run_dir / f".scratch-worker-{runtime.task_id}"
+        self.scratch = None if runtime.is_main else run_dir / f".scratch-worker-{runtime.task_id}"
         if self.scratch is not None and tf.io.gfile.exists(str(self.scratch)):
             tf.io.gfile.rmtree(str(self.scratch))  # left by a worker killed while saving
         write_to = self.scratch or self.directory
@@ -134,7 +134,7 @@ class Checkpointer:
         """Whether the run directory holds a finished save of either kind."""
         return bool(_saves(self.directory) or _saves(self.directory / "steps"))
 
-    def restore_best_weights(self, model: keras.Model | dict[str, keras.Model]) -> str:
+    def load_best(self, model: keras.Model | dict[str, keras.Model]) -> str:
         """Load the best epoch's weights into `model` (for the final test).
 
         Returns "best", or "last" when there is no best checkpoint, or "last (best unreadable)" when

@@ -213,7 +213,7 @@ class TrainConfig(Settings):
             )
 
 
-# Settings baked into the schedule, the optimizer state or the data order: a resumed run must keep them.
+# Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
 
 

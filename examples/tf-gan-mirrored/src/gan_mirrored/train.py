@@ -25,8 +25,8 @@ from .errors import ConfigError, RunError, first_line
 from .evaluation import finite_or_raise
 
 
-def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
-    """Create the run directory and save the config there; refuse to mix two runs in one place."""
+def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
+    """Create the run directory and save the config there; return whether to resume from it."""
     run_dir = Path(config.run_dir)
     # The chief's view, shared with every process (distributed.py), so all take the same branch.
     saved = [tf.train.latest_checkpoint(str(run_dir / "checkpoints" / where)) for where in ("", "steps")]
@@ -36,33 +36,34 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> Path:
     if config.resume and not has_run:
         raise ConfigError(f"--resume: {run_dir} holds no checkpoint; drop --resume to start a new run")
     problem = ""
-    if runtime.is_chief:
+    if runtime.is_main:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
         except OSError as error:
             problem = f"cannot write to --run-dir {run_dir} ({error.strerror}); choose a folder you can write to"
-    if problem:
-        raise ConfigError(problem)
-    return run_dir
+    # Only the chief writes, but every worker must learn whether that worked, or they would wait for it forever.
+    if runtime.agree(bool(problem)):
+        raise ConfigError(problem or f"the chief cannot write to --run-dir {run_dir}; choose a folder it can write to")
+    return config.resume
 
 
 def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     """Train, test and write the summary; returns the exit status."""
-    run_dir = prepare_run_dir(config, runtime)
+    resume = prepare_run_dir(config, runtime)
     # The same seed in every run: the same data order and the same initial weights.
     keras.utils.set_random_seed(config.seed)
     trainer = Trainer(config, runtime, build_datasets(config))
-    if config.resume:
+    if resume:
         trainer.resume()
     summary = trainer.fit()
     if summary is None:
-        if runtime.is_chief:
+        if runtime.is_main:
             print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
         # 143 (128 + SIGTERM) tells a scheduler the job was stopped, not finished.
         return 143 if trainer.terminate else 0
-    if runtime.is_chief:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if runtime.is_main:
+        (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         width = max(map(len, summary))
         print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
     # The summary is written either way; a NaN test result still fails the run.

@@ -53,7 +53,7 @@ class TrainStep:
         config.check_batch_split(self.replicas)  # full batches split into equal micro-batches
         # --nan-policy stop allows no skipped update: the first one stops the run.
         self.allowed_skips = config.max_consecutive_skips if config.nan_policy == "skip" else 0
-        self.warn_on_skip = config.nan_policy == "skip" and runtime.is_chief
+        self.warn_on_skip = config.nan_policy == "skip" and runtime.is_main
         # Traced once: every epoch's iterator has the same element spec, which fixes every dimension
         # but the batch size, so the short last batch runs the same graph, not a retrace (with several
         # workers, a retrace on one alone would also leave the workers' collectives out of step).

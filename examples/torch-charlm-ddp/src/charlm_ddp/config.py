@@ -221,7 +221,7 @@ FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_bat
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:
-    """Refuse to resume with settings that the checkpoint's optimizer state would silently override."""
+    """Refuse to resume with settings that would make the rest of the run differ from the start."""
     changed = [
         f"--{flag(name)} {getattr(config, name)} (the run used {saved[name]})"
         for name in FIXED_FOR_A_RUN

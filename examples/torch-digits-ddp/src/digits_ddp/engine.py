@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import distributed
-from .callbacks import EarlyStopping, HookCaller, MetricLogger, ProgressBar, Run
+from .callbacks import EarlyStopping, HookCaller, Run
 from .checkpoint import Checkpointer
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
@@ -28,6 +28,7 @@ from .ema import WeightAverage
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .loaders import Loaders
+from .logs import MetricLogger, ProgressBar
 from .optim import build_optimizer, build_scheduler
 from .stages import build_stages, check_finite, grad_norms, load_stages_state, mean_losses, split_models, stages_state
 from .throughput import Throughput

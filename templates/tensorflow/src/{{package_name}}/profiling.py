@@ -24,7 +24,7 @@ class CallProfiler:
     def __init__(self, enabled: bool, run_dir: Path, runtime: Runtime) -> None:
         self.enabled = enabled
         self.directory = run_dir / "profile" / f"worker{runtime.task_id}"
-        self.is_chief = runtime.is_chief
+        self.is_main = runtime.is_main
         self.calls = 0
 
     def step(self) -> None:
@@ -36,5 +36,5 @@ class CallProfiler:
         elif self.calls == SKIPPED + RECORDED:
             tf.profiler.experimental.stop()
             self.enabled = False
-            if self.is_chief:
+            if self.is_main:
                 print(f"profile of {RECORDED} calls of the train step written to {self.directory}", flush=True)
