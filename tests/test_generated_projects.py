@@ -226,13 +226,16 @@ SHARED_DEFINITIONS = {
 
 
 def top_level_definitions(path: Path) -> dict[str, str]:
-    """Each top-level `def` or `class` of a template file, by name: its lines up to the next unindented one."""
-    definitions, lines = {}, path.read_text().splitlines()
+    """Each top-level `def` or `class` of a template file, by name: its lines up to the next unindented
+    one (Jinja tags count as its lines, so a branch inside a definition is compared too)."""
+    definitions: dict[str, str] = {}
+    lines = path.read_text().splitlines()
     for start, line in enumerate(lines):
         if match := re.match(r"(?:def|class) (\w+)", line):
             end = start + 1
-            while end < len(lines) and (not lines[end] or lines[end][0] in " )"):
+            while end < len(lines) and (not lines[end] or lines[end][0] in " )" or lines[end].startswith("{%")):
                 end += 1
+            assert match[1] not in definitions, f"{path} defines {match[1]} twice: compare the variants' renders"
             definitions[match[1]] = "\n".join(lines[start:end]).rstrip()
     return definitions
 

@@ -170,21 +170,25 @@ def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, dela
 def cancellable(monkeypatch):
     """looptpl's own SIGINT/SIGTERM handlers in this process, as the `looptpl` script installs them."""
     handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(signals, "cancelled", False)
-    monkeypatch.setattr(signals, "exit_code", 130)
+    for name in ("cancelled", "exit_code", "_deferring", "_finished"):  # install() sets them: restored after
+        monkeypatch.setattr(signals, name, getattr(signals, name))
     signals.install()
     yield
     for each, handler in handlers.items():
         signal.signal(each, handler)
 
 
-def signalled_after(function, when):
-    """`function`, sending this process a SIGTERM right after a call that `when(*args)` picks has returned."""
+def signalled_after(function, when, sent):
+    """`function`, sending this process a SIGTERM right after a call that `when(*args)` picks has returned.
+
+    Each signal sent is appended to `sent`, so a test knows the moment it aims at came at all.
+    """
 
     def wrapped(*args, **kwargs):
         result = function(*args, **kwargs)
         if when(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGTERM)
+            sent.append(function.__name__)
         return result
 
     return wrapped
@@ -195,16 +199,63 @@ def test_a_signal_right_after_a_folder_is_made_or_moved_still_leaves_nothing(
     tmp_path, monkeypatch, cancellable, moment
 ):
     """The signal lands between a write and the note that lets the cleanup undo it (deterministically here)."""
-    destination = tmp_path / "deep" / "proj"
+    destination, sent = tmp_path / "deep" / "proj", []
     if moment == "making DEST":
-        monkeypatch.setattr(Path, "mkdir", signalled_after(Path.mkdir, lambda path, *_, **__: path == destination))
+        made = signalled_after(Path.mkdir, lambda path, *_, **__: path == destination, sent)
+        monkeypatch.setattr(Path, "mkdir", made)
     elif moment == "making the staging folder":
-        monkeypatch.setattr(render.tempfile, "mkdtemp", signalled_after(render.tempfile.mkdtemp, lambda **_: True))
+        monkeypatch.setattr(
+            render.tempfile, "mkdtemp", signalled_after(render.tempfile.mkdtemp, lambda **_: True, sent)
+        )
     else:
-        monkeypatch.setattr(render.os, "rename", signalled_after(render.os.rename, lambda *_: True))
+        monkeypatch.setattr(render.os, "rename", signalled_after(render.os.rename, lambda *_: True, sent))
     result = looptpl("new", str(destination), "--defaults")
+    assert sent, "the signal was never sent: the moment this test aims at did not come"
     one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
     assert listing(tmp_path) == []
+
+
+def test_a_signal_then_a_failure_in_the_same_step_is_reported_as_the_cancellation(tmp_path, monkeypatch, cancellable):
+    """Ctrl-C, then a full disk before the step could end: the user pressed Ctrl-C, so that is what is said."""
+
+    def full_disk(**_):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(render.tempfile, "mkdtemp", full_disk)
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
+    one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
+    assert listing(tmp_path) == []
+
+
+def test_a_signal_while_copier_runs_git_waits_for_that_git_before_cleaning_up(tmp_path, monkeypatch, cancellable):
+    """The signal reaches looptpl, not the git copier started: that git goes on writing (here 0.5 s later) and
+    would recreate the staging folder, DEST with it, after the cleanup, unless looptpl waits for it first."""
+    work, done = tmp_path / "work", tmp_path / "git-done"
+    late_write = "import os, sys, time; time.sleep(0.5); os.makedirs(sys.argv[1]); open(sys.argv[2], 'w').close()"
+
+    def copier_running_git(project, answers, scratch):
+        subprocess.Popen([sys.executable, "-c", late_write, str(scratch / "clone" / ".git" / "objects"), str(done)])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # cancelled before this ends
+
+    monkeypatch.setattr(render, "_copier_copy", copier_running_git)
+    result = looptpl("new", str(work / "proj"), "--defaults")
+    one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists() and listing(work) == []
+
+
+def test_a_signal_once_the_project_is_in_place_keeps_it_and_says_so(tmp_path, monkeypatch, cancellable):
+    """Past the last move nothing is taken back, so the command must not claim that nothing was written."""
+    sent = []
+    monkeypatch.setattr(signals, "finished", signalled_after(signals.finished, lambda: True, sent))
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
+    assert sent, "finished() was never called"
+    assert result.exit_code == 0 and result.stdout.startswith("Created "), (result.stdout, result.stderr)
+    assert (tmp_path / "proj" / "src" / "proj" / "train.py").is_file()
 
 
 # --- looptpl update: what copier would silently skip (#15 item 5) --------------------------------
@@ -260,11 +311,3 @@ def test_update_with_a_non_text_description_in_the_answers_is_one_line(generated
     git(generated, "commit", "-qam", "Edit the answers")
     result = looptpl("update", str(generated))
     one_line_error(result, "the description must be text, not list")
-
-
-def test_a_signal_once_the_project_is_in_place_keeps_it_and_says_so(tmp_path, monkeypatch, cancellable):
-    """Past the last move nothing is taken back, so the command must not claim that nothing was written."""
-    monkeypatch.setattr(signals, "finished", signalled_after(signals.finished, lambda: True))
-    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
-    assert result.exit_code == 0 and result.stdout.startswith("Created "), (result.stdout, result.stderr)
-    assert (tmp_path / "proj" / "src" / "proj" / "train.py").is_file()

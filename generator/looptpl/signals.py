@@ -5,8 +5,9 @@ write: SIGTERM (a `kill`, a CI timeout, a closing container) would otherwise end
 spot and leave a half-rendered staging folder and copier's temporary clone behind. A second signal
 during that cleanup is ignored, so the cleanup finishes. Inside `deferred()` the cancellation waits
 for the block's end: a step that makes a folder and notes it for the cleanup must not be cut in two.
-Without install() (looptpl used as a library, or in tests) Ctrl-C stays Python's KeyboardInterrupt,
-which the CLI reports the same way.
+After `finished()` (the command's work is in place) a signal cancels nothing. Without install()
+(looptpl used as a library, or in tests) Ctrl-C stays Python's KeyboardInterrupt, which the CLI
+reports the same way, and neither holds it back.
 """
 
 import signal
@@ -40,11 +41,19 @@ def _cancel(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """Hold a Ctrl-C or SIGTERM until the block ends, then cancel: for `mkdir` and noting the folder made."""
+    """Hold a Ctrl-C or SIGTERM until the block ends, then cancel: for `mkdir` and noting the folder made.
+
+    Not nested: the blocks are a few lines each. A block that fails after a signal came reports the
+    cancellation, not its own error (a full disk, say), as the module's other paths do.
+    """
     global _deferring
     _deferring = True
     try:
         yield
+    except BaseException:
+        if cancelled:
+            raise Cancelled from None
+        raise
     finally:
         _deferring = False
     if cancelled:
@@ -59,8 +68,8 @@ def finished() -> None:
 
 def install() -> None:
     """Make SIGINT and SIGTERM raise Cancelled (call it first thing, from the entry point only)."""
-    global _finished
-    _finished = False
+    global exit_code, cancelled, _deferring, _finished
+    exit_code, cancelled, _deferring, _finished = 130, False, False, False
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, _cancel)
 

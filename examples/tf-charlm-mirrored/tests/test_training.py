@@ -25,12 +25,7 @@ from conftest import (
     start_training,
     summary,
 )
-from project import (
-    final_test,
-    losses,
-    monitored_improved,
-    split_sizes,
-)
+from project import final_test, losses, monitored_improved, split_sizes
 
 from charlm_mirrored.config import TrainConfig
 from charlm_mirrored.errors import ConfigError
