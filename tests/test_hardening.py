@@ -304,6 +304,32 @@ def test_update_names_a_deleted_engine_file_it_left_deleted(generated):
     assert answers(generated)["_commit"] == V2  # the rest was merged
 
 
+def test_a_signal_while_copier_merges_waits_for_its_git_before_putting_the_project_back(
+    generated, monkeypatch, cancellable
+):
+    """Ctrl-C during the merge: the git copier started goes on (here writing 0.5 s later); the project is put
+    back only once it has ended, so nothing of the half-done merge is left."""
+    import copier
+
+    done = generated.parent / "git-done"
+    late_write = "import sys, time; time.sleep(0.5); open(sys.argv[1], 'a').write('merged\\n'); open(sys.argv[2], 'w')"
+
+    def merging(project, **_):
+        subprocess.Popen([sys.executable, "-c", late_write, str(project / "README.md"), str(done)])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # cancelled before this ends
+
+    monkeypatch.setattr(copier, "run_update", merging)
+    before = head(generated)
+    result = looptpl("update", str(generated))
+    one_line_error(result, "cancelled; the project was left as it was", code=128 + signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists() and head(generated) == before
+    assert git(generated, "status", "--porcelain") == ""
+
+
 def test_update_with_a_non_text_description_in_the_answers_is_one_line(generated):
     answers_file = generated / ".copier-answers.yml"
     text = answers_file.read_text()

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from looptpl import signals
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git
 from looptpl.progress import phase
@@ -60,6 +61,8 @@ def rename_package(project: Path, new: str) -> Renamed:
             rendered, conflicts = _merge_rendered(project, before, after, old, new)
         _fix_imports(project, rendered, old, new)
     except BaseException:
+        if signals.cancelled:
+            signals.wait_for_children()  # a git that copier or this rename started would go on changing the project
         git("reset", "--hard", "--quiet", "HEAD", cwd=top)  # the tree was clean: this undoes the rename exactly
         git("clean", "-d", "--force", "--quiet", cwd=top)
         raise

@@ -80,7 +80,7 @@ def _render_in_place(request: RenderRequest) -> list[str]:
         return files
     finally:
         if signals.cancelled:
-            _wait_for_children()
+            signals.wait_for_children()  # the git copier started goes on: it would write into the staging folder again
         if staging is not None:
             _remove(staging)
         for path in moved:  # a failure half-way through the move: take this run's files away again
@@ -110,25 +110,6 @@ def _render(staging: Path, request: RenderRequest) -> list[str]:
     if request.example is not None:
         apply_example(request.example, project, request.answers["package_name"])
     return sorted(str(path.relative_to(project)) for path in project.rglob("*") if path.is_file())
-
-
-def _wait_for_children(seconds: float = 30.0) -> None:
-    """Wait, for at most `seconds`, until the processes this one started have exited.
-
-    Ctrl-C or SIGTERM reaches looptpl alone, not the git that copier had started: that git goes on,
-    and would write into the staging folder again after the cleanup removed it (recreating DEST
-    too). Only a cancelled command calls this: it reaps any child of the process.
-    """
-    if not hasattr(os, "WNOHANG"):  # Windows has no waitpid(-1)
-        return
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # none left
-        if pid == 0:  # some still run
-            time.sleep(0.02)
 
 
 def _remove(folder: Path) -> None:

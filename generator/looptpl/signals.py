@@ -10,8 +10,10 @@ After `finished()` (the command's work is in place) a signal cancels nothing. Wi
 reports the same way, and neither holds it back.
 """
 
+import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -64,6 +66,25 @@ def finished() -> None:
     """The command's work is in place: a signal from now on is not a cancellation (it would say nothing was written)."""
     global _finished
     _finished = True
+
+
+def wait_for_children(seconds: float = 30.0) -> None:
+    """After a cancellation, wait (at most `seconds`) until the processes this one started have exited.
+
+    A Ctrl-C or SIGTERM reaches looptpl alone, not the git that copier had started: that git goes on,
+    and would write into a folder the cleanup removed (recreating it) or into a project an update
+    just put back. Only a cancelled command calls this: it reaps any child of the process.
+    """
+    if not hasattr(os, "WNOHANG"):  # Windows has no waitpid(-1)
+        return
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid == 0:  # some still run
+            time.sleep(0.02)
 
 
 def install() -> None:

@@ -142,6 +142,8 @@ def _merge(
         with phase(f"{merging}..."):
             _run_copier(project, plan.template.ref, conflict, changes)
     except BaseException:
+        if signals.cancelled:
+            signals.wait_for_children()  # a git that copier started would go on changing the project
         # The tree was clean before: putting back HEAD undoes the partial update exactly.
         git("reset", "--hard", "--quiet", "HEAD", cwd=top)
         git("clean", "-d", "--force", "--quiet", cwd=top)
