@@ -194,6 +194,21 @@ def signalled_after(function, when, sent):
     return wrapped
 
 
+def goes_on_after_the_signal(action: str, done: Path) -> None:
+    """Start a child that runs the Python `action` half a second from now, as the git copier started goes on
+    after looptpl's Ctrl-C, then creates `done`."""
+    code = f"import os, sys, time; time.sleep(0.5); {action}; open(sys.argv[1], 'w').close()"
+    subprocess.Popen([sys.executable, "-c", code, str(done)])
+
+
+def waited_for(path: Path) -> bool:
+    """Whether `path` exists within 30 s."""
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
+
+
 @pytest.mark.parametrize("moment", ["making DEST", "making the staging folder", "moving the first entry in"])
 def test_a_signal_right_after_a_folder_is_made_or_moved_still_leaves_nothing(
     tmp_path, monkeypatch, cancellable, moment
@@ -232,20 +247,16 @@ def test_a_signal_while_copier_runs_git_waits_for_that_git_before_cleaning_up(tm
     """The signal reaches looptpl, not the git copier started: that git goes on writing (here 0.5 s later) and
     would recreate the staging folder, DEST with it, after the cleanup, unless looptpl waits for it first."""
     work, done = tmp_path / "work", tmp_path / "git-done"
-    late_write = "import os, sys, time; time.sleep(0.5); os.makedirs(sys.argv[1]); open(sys.argv[2], 'w').close()"
 
     def copier_running_git(project, answers, scratch):
-        subprocess.Popen([sys.executable, "-c", late_write, str(scratch / "clone" / ".git" / "objects"), str(done)])
+        goes_on_after_the_signal(f"os.makedirs({str(scratch / 'clone' / '.git' / 'objects')!r})", done)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # cancelled before this ends
 
     monkeypatch.setattr(render, "_copier_copy", copier_running_git)
     result = looptpl("new", str(work / "proj"), "--defaults")
     one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert done.exists() and listing(work) == []
+    assert waited_for(done) and listing(work) == []
 
 
 def test_a_signal_once_the_project_is_in_place_keeps_it_and_says_so(tmp_path, monkeypatch, cancellable):
@@ -312,10 +323,9 @@ def test_a_signal_while_copier_merges_waits_for_its_git_before_putting_the_proje
     import copier
 
     done = generated.parent / "git-done"
-    late_write = "import sys, time; time.sleep(0.5); open(sys.argv[1], 'a').write('merged\\n'); open(sys.argv[2], 'w')"
 
     def merging(project, **_):
-        subprocess.Popen([sys.executable, "-c", late_write, str(project / "README.md"), str(done)])
+        goes_on_after_the_signal(f"open({str(project / 'README.md')!r}, 'a').write('merged')", done)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # cancelled before this ends
 
@@ -323,10 +333,7 @@ def test_a_signal_while_copier_merges_waits_for_its_git_before_putting_the_proje
     before = head(generated)
     result = looptpl("update", str(generated))
     one_line_error(result, "cancelled; the project was left as it was", code=128 + signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert done.exists() and head(generated) == before
+    assert waited_for(done) and head(generated) == before
     assert git(generated, "status", "--porcelain") == ""
 
 

@@ -15,11 +15,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from looptpl import signals
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git
 from looptpl.progress import phase
-from looptpl.update import ANSWERS, Status, check_package, check_repository, copier_failures, plan_update, read_answers
+from looptpl.update import (
+    ANSWERS,
+    Status,
+    check_package,
+    check_repository,
+    copier_failures,
+    plan_update,
+    put_back,
+    read_answers,
+)
 from looptpl.validation import package_name_problem
 
 
@@ -61,10 +69,7 @@ def rename_package(project: Path, new: str) -> Renamed:
             rendered, conflicts = _merge_rendered(project, before, after, old, new)
         _fix_imports(project, rendered, old, new)
     except BaseException:
-        if signals.cancelled:
-            signals.wait_for_children()  # a git that copier or this rename started would go on changing the project
-        git("reset", "--hard", "--quiet", "HEAD", cwd=top)  # the tree was clean: this undoes the rename exactly
-        git("clean", "-d", "--force", "--quiet", cwd=top)
+        put_back(top)
         raise
     changed = git("status", "--porcelain", "--", ".", cwd=project).splitlines()
     return Renamed(old, new, changed, conflicts, _mentions(project, old))

@@ -79,8 +79,7 @@ def _render_in_place(request: RenderRequest) -> list[str]:
         moved.clear()  # every entry is in place: nothing to take back
         return files
     finally:
-        if signals.cancelled:
-            signals.wait_for_children()  # the git copier started goes on: it would write into the staging folder again
+        signals.wait_for_children()  # after a Ctrl-C copier's git goes on, writing into the staging folder
         if staging is not None:
             _remove(staging)
         for path in moved:  # a failure half-way through the move: take this run's files away again
@@ -113,8 +112,8 @@ def _render(staging: Path, request: RenderRequest) -> list[str]:
 
 
 def _remove(folder: Path) -> None:
-    """Remove a folder; retried for a while, since a git that copier started may still be writing in it."""
-    for _ in range(100):
+    """Remove a folder; retried for a moment, since a git that copier started may still be writing in it."""
+    for _ in range(20):
         shutil.rmtree(folder, ignore_errors=True)
         if not folder.exists():
             return

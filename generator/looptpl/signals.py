@@ -73,9 +73,10 @@ def wait_for_children(seconds: float = 30.0) -> None:
 
     A Ctrl-C or SIGTERM reaches looptpl alone, not the git that copier had started: that git goes on,
     and would write into a folder the cleanup removed (recreating it) or into a project an update
-    just put back. Only a cancelled command calls this: it reaps any child of the process.
+    just put back. Without a cancellation this does nothing: it reaps any child of the process, so
+    it must not run beside a library caller's own processes.
     """
-    if not hasattr(os, "WNOHANG"):  # Windows has no waitpid(-1)
+    if not cancelled or not hasattr(os, "WNOHANG"):  # Windows has no waitpid(-1)
         return
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

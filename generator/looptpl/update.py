@@ -142,13 +142,16 @@ def _merge(
         with phase(f"{merging}..."):
             _run_copier(project, plan.template.ref, conflict, changes)
     except BaseException:
-        if signals.cancelled:
-            signals.wait_for_children()  # a git that copier started would go on changing the project
-        # The tree was clean before: putting back HEAD undoes the partial update exactly.
-        git("reset", "--hard", "--quiet", "HEAD", cwd=top)
-        git("clean", "-d", "--force", "--quiet", cwd=top)
+        put_back(top)
         raise
     return _with_deleted(_outcome(plan, project), project, missing, first)
+
+
+def put_back(top: Path) -> None:
+    """Undo a partial update or rename: the tree was clean before, so putting back HEAD undoes it exactly."""
+    signals.wait_for_children()  # after a Ctrl-C, a git that copier started would go on changing the project
+    git("reset", "--hard", "--quiet", "HEAD", cwd=top)
+    git("clean", "-d", "--force", "--quiet", cwd=top)
 
 
 def _strategy_change(answers: dict[str, Any], strategy: str | None) -> dict[str, str]:

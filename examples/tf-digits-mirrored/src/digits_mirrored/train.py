@@ -25,8 +25,8 @@ from .errors import ConfigError, RunError, first_line
 from .evaluation import finite_or_raise
 
 
-def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
-    """Create the run directory and save the config there; return whether to resume from it."""
+def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> None:
+    """Create the run directory and save the config there; refuse to mix two runs in one place."""
     run_dir = Path(config.run_dir)
     # The chief's view, shared with every process (distributed.py), so all take the same branch.
     saved = [tf.train.latest_checkpoint(str(run_dir / "checkpoints" / where)) for where in ("", "steps")]
@@ -45,16 +45,15 @@ def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> bool:
     # Only the chief writes, but every worker must learn whether that worked, or they would wait for it forever.
     if runtime.agree(bool(problem)):
         raise ConfigError(problem or f"the chief cannot write to --run-dir {run_dir}; choose a folder it can write to")
-    return config.resume
 
 
 def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     """Train, test and write the summary; returns the exit status."""
-    resume = prepare_run_dir(config, runtime)
+    prepare_run_dir(config, runtime)
     # The same seed in every run: the same data order and the same initial weights.
     keras.utils.set_random_seed(config.seed)
     trainer = Trainer(config, runtime, build_datasets(config))
-    if resume:
+    if config.resume:
         trainer.resume()
     summary = trainer.fit()
     if summary is None:
