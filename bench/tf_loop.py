@@ -25,6 +25,7 @@ Run from the repository root (a few minutes on 2 shared CPU cores):
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib
 import os
@@ -64,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--generated-flags", default="", help="Extra trainer flags for the generated loop, e.g. '--log-every 50'."
+    )
+    parser.add_argument(
+        "--compare-flags",
+        default="",
+        help="Also time the generated loop with these extra flags, as the loop 'generated+' (e.g. '--jit-compile').",
     )
     parser.add_argument("--skip-fit", action="store_true", help="Time only generated and hand-written.")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
@@ -131,7 +137,7 @@ class Run:
         return model, optimizer
 
 
-def run_generated(run: Run, round_index: int) -> Timings:
+def run_generated(run: Run, round_index: int, extra_flags: str = "") -> Timings:
     """The project's `train.main()` with the bigger train split; times `Trainer.train_epoch`."""
     project, args = run.project, run.args
     clock = EpochClock()
@@ -146,8 +152,9 @@ def run_generated(run: Run, round_index: int) -> Timings:
     def datasets(config: object) -> tuple[tf.data.Dataset, ...]:
         return tuple(tf.data.Dataset.from_tensor_slices(split) for split in run.arrays)
 
-    argv = ["--run-dir", str(run.work / f"runs/generated-{round_index}"), "--epochs", str(run.total_epochs)]
-    argv += ["--global-batch-size", str(args.batch_size), *args.generated_flags.split()]
+    run_dir = run.work / f"runs/generated{'+' if extra_flags else ''}-{round_index}"
+    argv = ["--run-dir", str(run_dir), "--epochs", str(run.total_epochs)]
+    argv += ["--global-batch-size", str(args.batch_size), *args.generated_flags.split(), *extra_flags.split()]
     if args.progress == "off":
         argv.append("--no-progress")
     with (
@@ -208,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     loops: dict[str, Callable[[Run, int], Timings]] = {"generated": run_generated, "hand-written": run_hand_written}
+    if args.compare_flags:
+        loops["generated+"] = functools.partial(run_generated, extra_flags=args.compare_flags)
     if not args.skip_fit:
         loops["fit"] = run_fit
     work = Path(tempfile.mkdtemp(prefix="looptpl-tf-bench-"))
@@ -249,7 +258,8 @@ def report(
         f"\ntensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s) on {cores} CPUs, "
         f"{device}; train {args.train_size} samples, batch {args.batch_size}, {args.warmup_epochs} warmup + "
         f"{args.epochs} timed epochs x {args.rounds} rounds; progress bar {args.progress}; generated flags "
-        f"'{args.generated_flags}'; template {template_revision()}; {elapsed:.0f}s; "
+        f"'{args.generated_flags}', generated+ adds '{args.compare_flags}'; template {template_revision()}; "
+        f"{elapsed:.0f}s; "
         f"load average {load[0]:.1f} -> {load[1]:.1f}"
     )
     if max(load) > cores:

@@ -91,6 +91,17 @@ def test_token_weighted_loss_is_exact_over_replicas_and_micro_steps(lm, tmp_path
     assert one["val_perplexity"] == pytest.approx(math.exp(one["val_loss"]))
 
 
+def test_jit_compile_trains_padded_batches_of_every_length_like_the_graph(lm, tmp_path):
+    # XLA compiles each micro-step once per shape: every padded length, the short last batch. On 2
+    # replicas with accumulation it must still give the update of one uncompiled replica.
+    in_parallel(
+        lambda: train_tf(lm, tmp_path / "one", *TINY_LM),
+        lambda: train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", "--jit-compile", replicas=2),
+    )
+    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) < TOLERANCE
+    assert records(tmp_path / "two")[-1]["val_loss"] == pytest.approx(records(tmp_path / "one")[-1]["val_loss"])
+
+
 def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
     # The bug of transformers#34242: each micro-batch averaged over its own tokens, then averaged.
     naive = copy_project(lm, tmp_path / "naive")
@@ -131,6 +142,14 @@ def test_gan_trains_both_networks_alike_on_two_replicas_with_accumulation(gan, t
     assert {"train_discriminator_loss", "train_generator_loss", "val_diversity"} <= record.keys()
     # 1257 = 19 x 64 + 41: the short last batch is kept (41 samples for 2 replicas x 2 micro-steps).
     assert record["step"] == 20
+
+
+def test_jit_compile_with_two_optimizers_is_refused_in_one_line(gan, tmp_path):
+    output = train_tf(gan, tmp_path / "run", *GAN_EPOCH, "--jit-compile", expect_success=False)
+    assert output.strip().splitlines()[-1] == (
+        "error: --jit-compile compiles the step of one optimizer, and optim.py builds 2 (discriminator, generator); "
+        "train without --jit-compile"
+    )
 
 
 def test_gan_with_a_loss_summed_per_micro_batch_fails_the_same_check(gan, tmp_path):

@@ -43,7 +43,17 @@ MISTAKES = {
         "    val = make_split(251).map(lambda x, y: (tf.where(tf.reduce_sum(x) > 4, x * np.nan, x), y))\n"
         "    return make_split(1007), val, make_split(257)",
     ),
+    # An op that has no XLA kernel (Python code run through tf.numpy_function), trained with --jit-compile.
+    "not_for_xla": (
+        "step.py",
+        DEFAULT_STEP,
+        "    import tensorflow as tf\n\n"
+        "    as_is = tf.numpy_function(lambda array: array, [inputs], inputs.dtype, stateful=False)\n"
+        "    inputs = tf.ensure_shape(as_is, inputs.shape)\n" + DEFAULT_STEP,
+    ),
 }
+# Flags of the runs above besides ONE_EPOCH.
+MISTAKE_FLAGS = {"not_for_xla": ("--jit-compile",)}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +74,7 @@ def mistakes(tmp_path_factory):
             except pytest.skip.Exception as skip:
                 skipped[name] = skip
                 continue
-            started[name] = start_training(root / name, *ONE_EPOCH, sources=sources)
+            started[name] = start_training(root / name, *ONE_EPOCH, *MISTAKE_FLAGS.get(name, ()), sources=sources)
     return root, {**{name: finish(training, expect_success=False) for name, training in started.items()}, **skipped}
 
 
@@ -110,6 +120,12 @@ def test_an_out_of_range_label_deep_in_the_data_is_one_line(mistakes):
     result = outcome(mistakes, "label_out_of_range")
     assert result.returncode == 1 and "Traceback" not in result.stdout
     assert "error: a batch was refused (" in result.stdout and "which is outside the valid range" in result.stdout
+
+
+def test_an_op_xla_cannot_compile_is_named_under_jit_compile(mistakes):
+    result = outcome(mistakes, "not_for_xla")
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert "error: --jit-compile: XLA cannot compile PyFuncStateless, which step.py or model.py uses" in result.stdout
 
 
 def test_an_averaged_loss_is_refused(mistakes):

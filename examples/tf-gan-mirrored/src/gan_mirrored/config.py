@@ -73,6 +73,14 @@ class TrainConfig(Settings):
         default="fp32",
         metadata={"help": "Keras mixed-precision policy: bf16 or fp16 compute, fp32 weights; fp16 adds loss scaling."},
     )
+    jit_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile each micro-step's forward and backward pass with XLA, which fuses their kernels; one "
+            "optimizer only. Every new batch shape compiles once more (the short last batch, padding to each batch's "
+            "length)."
+        },
+    )
     profile: bool = field(
         default=False,
         metadata={

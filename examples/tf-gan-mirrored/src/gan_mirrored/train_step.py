@@ -6,8 +6,9 @@ TrainStep for --steps-per-call updates at a time; everything here runs inside on
 
 import functools
 import math
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,16 @@ import tensorflow as tf
 from .collect import Mean, check_train_value, run_updates_in_a_loop
 from .config import TrainConfig
 from .distributed import Runtime
-from .errors import StepError, user_code_error
+from .errors import ConfigError, StepError, user_code_error
 from .profiling import CallProfiler
 from .sampling import part, rows
 from .stages import Stage
 from .step import train_step
 
 SUM = tf.distribute.ReduceOp.SUM
+
+# One micro-step's gradients of its loss total / --global-batch-size, its loss total and its weight.
+MicroStep = tuple[list[Any], tf.Tensor, tf.Tensor]
 
 
 class TrainStep:
@@ -58,12 +62,34 @@ class TrainStep:
         # but the batch size, so the short last batch runs the same graph, not a retrace (with several
         # workers, a retrace on one alone would also leave the workers' collectives out of step).
         self.compiled = tf.function(self._updates)
+        # --jit-compile: XLA compiles each micro-step whole, forward and backward, into fused kernels.
+        # The loop, the collectives and the update stay in the graph around it (XLA compiles what runs
+        # on one replica). With several optimizers, step.py's generator is resumed between their
+        # updates: a micro-step is then no longer one function XLA could compile.
+        self.jit_micro_step = None
+        if config.jit_compile:
+            if len(stages) > 1:
+                names = ", ".join(stage.name for stage in stages)
+                raise ConfigError(
+                    f"--jit-compile compiles the step of one optimizer, and optim.py builds {len(stages)} ({names}); "
+                    "train without --jit-compile"
+                )
+            self.jit_micro_step = tf.function(self._whole_micro_step, jit_compile=True)
         run_updates_in_a_loop(config.steps_per_call > 1)
         self.profiler = CallProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
 
     def call(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Run the next `count` updates from `batches`, compiled; returns their totals and samples."""
-        result = self.compiled(batches, count)
+        try:
+            result = self.compiled(batches, count)
+        except tf.errors.InvalidArgumentError as error:
+            unsupported = sorted(set(re.findall(r"(\w+) \(No registered '\w+' OpKernel for XLA", str(error))))
+            if not unsupported:
+                raise
+            raise StepError(
+                f"--jit-compile: XLA cannot compile {', '.join(unsupported)}, which step.py or model.py uses in the "
+                "train step; train without --jit-compile, or replace what creates it"
+            ) from None
         self.profiler.step()
         return result
 
@@ -144,10 +170,14 @@ class TrainStep:
         micro_batches = [part(batch, index, parts) for index in range(parts)]
         # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
         # loss per stage and is resumed stage by stage, after the previous stage's update.
-        steps = [self._losses(micro_batch) for micro_batch in micro_batches]
+        steps = [] if self.jit_micro_step else [self._losses(micro_batch) for micro_batch in micro_batches]
         sums, applied = [], []
         for stage in self.stages:
-            grads, total, weight = self._gradients(stage, steps)
+            if self.jit_micro_step:
+                micro_steps = [functools.partial(self.jit_micro_step, micro_batch) for micro_batch in micro_batches]
+            else:
+                micro_steps = [functools.partial(self._micro_step, stage, losses) for losses in steps]
+            grads, total, weight = self._gradients(stage, micro_steps)
             finite = tf.math.is_finite(total)
             if self.config.precision != "fp16":
                 # (Under fp16, inf gradients mean the loss scale overflowed: the LossScaleOptimizer skips
@@ -165,11 +195,10 @@ class TrainStep:
             applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss)))
             sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
         for losses in steps:
-            if next(losses, None) is not None:
-                raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
+            self._check_no_more_losses(losses)
         return tf.stack(sums), tf.stack(applied), rows(batch)
 
-    def _gradients(self, stage: Stage, steps: list[Iterator]) -> tuple[list, Any, Any]:
+    def _gradients(self, stage: Stage, micro_steps: Sequence[Callable[[], MicroStep]]) -> MicroStep:
         """The stage's gradients of the exact global mean loss, and its global loss total and weight.
 
         The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i),
@@ -185,19 +214,12 @@ class TrainStep:
         """
         grads = [tf.zeros(variable.shape, variable.dtype) for variable in stage.variables]
         total, weight = tf.constant(0.0), tf.constant(0.0)
-        for micro_step, losses in enumerate(steps):
+        for index, micro_step in enumerate(micro_steps):
             # One micro-step at a time: accumulation is there to bound memory, so no overlap.
-            with tf.control_dependencies(grads if micro_step else []), tf.GradientTape() as tape:
-                loss = self._next_loss(losses, stage)
-                scaled = stage.optimizer.scale_loss(loss.total / self.config.global_batch_size)  # fp16: times S
-            micro_grads = tape.gradient(scaled, stage.variables)
-            if all(grad is None for grad in micro_grads):
-                raise StepError(
-                    f"the {stage.name!r} loss from train_step does not depend on model.py's {stage.name!r} weights; "
-                    "compute it from that model's outputs inside its stage (after the previous yield)"
-                )
+            with tf.control_dependencies(grads if index else []):
+                micro_grads, micro_total, micro_weight = micro_step()
             grads = [grad if new is None else grad + new for grad, new in zip(grads, micro_grads, strict=True)]
-            total, weight = total + loss.total, weight + loss.weight
+            total, weight = total + micro_total, weight + micro_weight
         if self.replicas > 1:  # one all-reduce sums the replicas' gradients, loss totals and weights
             *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
         factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
@@ -209,6 +231,30 @@ class TrainStep:
             penalty_grads = tape.gradient(penalty, stage.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             grads = [grad + extra for grad, extra in zip(grads, penalty_grads, strict=True)]
         return grads, total, weight
+
+    def _micro_step(self, stage: Stage, losses: Iterator[tuple[str, Mean]]) -> MicroStep:
+        """The stage's part of one micro-step: step.py runs up to the stage's loss, then its gradients."""
+        with tf.GradientTape() as tape:
+            loss = self._next_loss(losses, stage)
+            scaled = stage.optimizer.scale_loss(loss.total / self.config.global_batch_size)  # fp16: times S
+        grads = tape.gradient(scaled, stage.variables)
+        if all(grad is None for grad in grads):
+            raise StepError(
+                f"the {stage.name!r} loss from train_step does not depend on model.py's {stage.name!r} weights; "
+                "compute it from that model's outputs inside its stage (after the previous yield)"
+            )
+        return grads, loss.total, loss.weight
+
+    def _whole_micro_step(self, micro_batch: Any) -> MicroStep:
+        """A micro-step of the one optimizer, from step.py's first line to its gradients (--jit-compile)."""
+        losses = self._losses(micro_batch)
+        result = self._micro_step(self.stages[0], losses)
+        self._check_no_more_losses(losses)
+        return result
+
+    def _check_no_more_losses(self, losses: Iterator[tuple[str, Mean]]) -> None:
+        if next(losses, None) is not None:
+            raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(self.stages)})")
 
     def _losses(self, micro_batch: Any) -> Iterator[tuple[str, Mean]]:
         """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
