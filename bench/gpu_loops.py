@@ -276,6 +276,8 @@ def run_generated(worker: Worker, project: Path, flags: list[str]) -> None:
     modules = {name: importlib.import_module(f"{package}.{name}") for name in names}
     if hasattr(modules["distributed"], "shard_units"):
         modules["distributed"].shard_units = shard_units  # FSDP's units: the blocks (model.py's job in a project)
+    # --activation-checkpointing recomputes the same blocks (model.py's checkpoint_units in a project).
+    importlib.import_module(f"{package}.model").checkpoint_units = shard_units
     args, shape = worker.args, worker.shape
     run_dir = tempfile.mkdtemp(prefix=f"bench-{project.name}-")
     argv = [

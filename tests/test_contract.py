@@ -89,6 +89,73 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
     assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) > 5 * LM_TOLERANCE
 
 
+# Run in the language model's project: the bytes autograd keeps for the backward pass (weights aside)
+# and the gradients, with and without --activation-checkpointing, dropout on.
+RECOMPUTATION = """
+import torch
+from charlm_ddp.config import parse_config
+from charlm_ddp.model import build_model
+from charlm_ddp.train_step import checkpoint_activations
+
+config = parse_config(["--width", "64", "--layers", "4", "--heads", "2", "--max-bytes", "128"])
+ids = torch.randint(0, 256, (8, 128), generator=torch.Generator().manual_seed(0))
+
+
+def saved_bytes_and_gradients(recompute):
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    if recompute:
+        checkpoint_activations(model)
+    weights = {param.untyped_storage().data_ptr() for param in model.parameters()}
+    saved = []
+
+    def keep(tensor):
+        if tensor.untyped_storage().data_ptr() not in weights:
+            saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    torch.manual_seed(1)  # the same dropout masks in both
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        loss = model(ids).logsumexp(-1).mean()
+    loss.backward()
+    return sum(saved), torch.cat([param.grad.flatten() for param in model.parameters()])
+
+
+plain, plain_gradients = saved_bytes_and_gradients(False)
+recomputed, gradients = saved_bytes_and_gradients(True)
+print(plain, recomputed, float((gradients - plain_gradients).abs().max()))
+"""
+
+
+def test_activation_checkpointing_keeps_a_fraction_of_the_activations_and_the_same_gradients(lm):
+    # The example's model.py names its 4 transformer layers in checkpoint_units: each keeps only its
+    # input, and runs again in the backward pass, drawing the same dropout masks as the first time.
+    result = run([sys.executable, "-c", RECOMPUTATION], cwd=lm, env={"PYTHONPATH": str(lm / "src")})
+    assert result.returncode == 0, result.stdout[-3000:]
+    plain, recomputed, difference = result.stdout.split()
+    assert int(recomputed) < 0.15 * int(plain)  # measured: 0.071x
+    assert float(difference) == 0.0
+
+
+def test_activation_checkpointing_names_what_model_py_must_give(lm, tmp_path):
+    no_units = copy_project(lm, tmp_path / "no_units")
+    edit(no_units, "model.py", "def checkpoint_units(", "def my_blocks(")
+    foreign = copy_project(lm, tmp_path / "foreign")
+    edit(foreign, "model.py", "return list(model.blocks.layers)", "return [nn.Linear(2, 2)]")
+    missing, wrong = in_parallel(
+        lambda: run_failing(no_units, tmp_path / "no_units_run", *TINY_LM, "--activation-checkpointing"),
+        lambda: run_failing(foreign, tmp_path / "foreign_run", *TINY_LM, "--activation-checkpointing"),
+    )
+    assert missing.returncode == 2 and "Traceback" not in missing.stdout
+    assert (
+        "--activation-checkpointing recomputes the blocks that checkpoint_units(model) in model.py returns, and "
+        "model.py has none; add it (docs/speed.md shows one), or train without the flag"
+    ) in missing.stdout
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stdout
+    must = "model.py: checkpoint_units(model) must return a non-empty list of the model's own submodules"
+    assert must in wrong.stdout
+
+
 @pytest.fixture(scope="module")
 def gan(tmp_path_factory) -> Path:
     return copy_project(GAN, tmp_path_factory.mktemp("gan") / "project")

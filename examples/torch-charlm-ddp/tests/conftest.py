@@ -151,6 +151,13 @@ def sources_with_dropout(tmp_path: Path, sources: Path = PROJECT_ROOT / "src") -
     return edited_sources(tmp_path, "model.py", readout, "        nn.Dropout(0.3),\n" + readout, sources)
 
 
+def sources_recomputing_the_whole_model(tmp_path: Path, sources: Path) -> Path:
+    """model.py whose checkpoint_units returns the whole network: with --activation-checkpointing the
+    backward pass runs all of it again, its dropout included, which must draw the same masks."""
+    definition = "def checkpoint_units(model: nn.Module) -> list[nn.Module]:\n"
+    return edited_sources(tmp_path, "model.py", definition, definition + "    return [model]\n", sources)
+
+
 def sources_with_random_augmentation(tmp_path: Path) -> Path:
     """data.py whose training samples get fresh random noise every time they are loaded."""
     return edited_sources(

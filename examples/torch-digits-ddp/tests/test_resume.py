@@ -11,6 +11,7 @@ from conftest import (
     finish,
     metrics,
     run_training,
+    sources_recomputing_the_whole_model,
     sources_with_dropout,
     sources_with_random_augmentation,
     start_training,
@@ -34,11 +35,14 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # uninterrupted one in the main process. Each sample's draws depend on the seed, the epoch and
     # its index only, and dropout's on the generator state the checkpoint holds, so both runs end
     # with the same weights, to the bit.
-    # The moving average of the weights (--ema-decay) resumes with them.
+    # The moving average of the weights (--ema-decay) resumes with them. The resumed run also runs
+    # the whole model, dropout included, again in each backward pass (--activation-checkpointing):
+    # that must not change a bit either.
     sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
+    sources = sources_recomputing_the_whole_model(tmp_path / "recomputed", sources)
     flags = ("--epochs", "3", "--checkpoint-every", "10", "--ema-decay", "0.9")
     straight = start_training(tmp_path / "straight", *flags, sources=sources)  # meanwhile, the run to compare with
-    workers = ("--num-workers", "2")
+    workers = ("--num-workers", "2", "--activation-checkpointing")
     stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
     assert "stopped after update 23, checkpointed; continue with --resume" in stopped.stdout
     written = sorted(path.name for path in (tmp_path / "resumed" / "checkpoints").iterdir())

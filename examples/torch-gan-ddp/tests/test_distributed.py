@@ -17,6 +17,7 @@ from conftest import (
     hook_calls,
     metrics,
     run_training,
+    sources_recomputing_the_whole_model,
     sources_with_a_nan_training_sample,
     sources_with_dropout,
     sources_with_recording_hooks,
@@ -83,11 +84,12 @@ def test_evaluation_counts_every_sample_once(runs):
 def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_run(tmp_path):
     # With dropout and 2 accumulation steps: 16 updates an epoch, stopped after update 23 (with
     # checkpoints every 5), resumed from there; each rank's dropout draws continue where they were.
-    # The resumed run writes its checkpoints in the background while it trains (--async-checkpoints).
-    sources = sources_with_dropout(tmp_path / "dropout")
+    # The resumed run writes its checkpoints in the background while it trains (--async-checkpoints),
+    # and runs the whole model, dropout included, again in each backward pass (--activation-checkpointing).
+    sources = sources_recomputing_the_whole_model(tmp_path / "recomputed", sources_with_dropout(tmp_path / "dropout"))
     flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5", "--ema-decay", "0.9")
     straight = start_training(tmp_path / "straight", *flags, ranks=2, sources=sources)  # meanwhile, to compare with
-    background = (*flags, "--async-checkpoints")
+    background = (*flags, "--async-checkpoints", "--activation-checkpointing")
     run_training(tmp_path / "resumed", *background, "--stop-after-step", "23", ranks=2, sources=sources)
     result = run_training(tmp_path / "resumed", *background, "--resume", ranks=2, sources=sources)
     finish(straight)

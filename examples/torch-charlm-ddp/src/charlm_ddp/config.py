@@ -84,6 +84,13 @@ class TrainConfig(Settings):
             "for small models; every batch shape is recorded once), max-autotune also searches faster kernels."
         },
     )
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep only the inputs of the blocks that model.py's checkpoint_units returns, and run each block "
+            "again in the backward pass: activation memory of about one block, for about one more forward pass."
+        },
+    )
     profile: bool = field(
         default=False,
         metadata={

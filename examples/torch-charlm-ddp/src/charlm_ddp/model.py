@@ -40,3 +40,8 @@ def build_model(config: TrainConfig) -> nn.Module:
     Every rank builds it with the same seed, so all replicas start from identical weights.
     """
     return CausalTransformer(config)
+
+
+def checkpoint_units(model: CausalTransformer) -> list[nn.Module]:
+    """The blocks --activation-checkpointing runs again in the backward pass: the transformer's layers."""
+    return list(model.blocks.layers)

@@ -4,19 +4,22 @@ Managed by the looptpl template: put your own code in step.py and optim.py.
 """
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from . import distributed
+from . import model as model_file
 from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .distributed import Runtime
 from .ema import WeightAverage
-from .errors import StepError, user_code_error
+from .errors import ConfigError, DataError, StepError, user_code_error
 from .profiling import UpdateProfiler
 from .stages import Stage, only_training
 from .step import train_step
@@ -35,6 +38,35 @@ def make_autocast(precision: str, device: torch.device) -> Callable[[], contextl
 def compile_model(model: nn.Module, config: TrainConfig) -> nn.Module:
     """The model compiled for --compile (in --compile-mode), or as it is."""
     return torch.compile(model, mode=config.compile_mode) if config.compile else model  # type: ignore[return-value]
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """--activation-checkpointing: each block from model.py's `checkpoint_units` keeps only its
+    inputs for the backward pass, which runs the block's forward again for what it needs.
+
+    Activation memory falls to the blocks' inputs plus one block's activations at a time, for about
+    one more forward pass of compute. checkpoint() saves the random state before the forward and
+    restores it for the second run, so dropout draws the same masks twice: the gradients are the
+    ones without it. The blocks keep their names, so checkpoints are the same with or without it.
+    """
+    checkpoint_units = getattr(model_file, "checkpoint_units", None)
+    if checkpoint_units is None:  # a model.py written before the flag existed
+        raise ConfigError(
+            "--activation-checkpointing recomputes the blocks that checkpoint_units(model) in model.py returns, "
+            "and model.py has none; add it (docs/speed.md shows one), or train without the flag"
+        )
+    try:
+        blocks = list(checkpoint_units(model))
+    except Exception as error:
+        raise user_code_error(error, "in checkpoint_units") from None
+    submodules = {id(module) for module in model.modules()}
+    if not blocks or not all(isinstance(block, nn.Module) and id(block) in submodules for block in blocks):
+        raise DataError(
+            "model.py: checkpoint_units(model) must return a non-empty list of the model's own submodules "
+            f"(its repeated blocks), got {blocks!r:.200}"
+        )
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
 
 
 class TrainStep:

@@ -32,7 +32,7 @@ from .logs import MetricLogger, ProgressBar
 from .optim import build_optimizer, build_scheduler
 from .stages import build_stages, check_finite, grad_norms, load_stages_state, mean_losses, split_models, stages_state
 from .throughput import Throughput
-from .train_step import TrainStep, compile_model, make_autocast
+from .train_step import TrainStep, checkpoint_activations, compile_model, make_autocast
 
 
 class Trainer:
@@ -48,6 +48,9 @@ class Trainer:
         self.loaders = Loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
 
         trained, frozen = split_models(built)
+        if config.activation_checkpointing:  # before wrapping, as DDP and FSDP see the blocks then
+            for model in trained.values():
+                checkpoint_activations(model)
         self.wrapped = {name: distributed.wrap_model(model, runtime) for name, model in trained.items()}
         self.frozen = {name: model.to(runtime.device).eval().requires_grad_(False) for name, model in frozen.items()}
         # Compile after wrapping: DDP and FSDP hooks must be in place before tracing.
