@@ -13,7 +13,9 @@ rendered before with --prepare on a machine that has looptpl), starts one worker
 --rounds rounds in which every loop trains one timed epoch in turn, in an order that rotates.
 The table gives medians over rounds; the ratios are paired by round (both loops ran within
 seconds of each other), with their range. MFU is achieved training FLOP/s over the GPU's dense
-bf16 peak from its datasheet. `ddp` and `fsdp` run as one process (several GPUs: not timed yet).
+bf16 peak from its datasheet. `ddp` and `fsdp` run as one process; on a machine with N GPUs (or
+with --ranks N), `ddp-xN` and `fsdp-xN` also train the same global batch on N processes under
+torchrun, one GPU each, and their ratio to `single` is the speed-up of N GPUs (N at best).
 
 Targets (issue #14, medians on one H100): generated >= 1.05x hand-written and Lightning, compiled
 >= 1.0x hand-written compiled, fsdp at one rank >= 0.9x single.
@@ -73,6 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Another generated loop: the project folder under --projects and the flags it trains with, "
         'e.g. "workers=single:--num-workers 2". Compared against `single`.',
     )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=0,
+        help="Also time ddp and fsdp on this many processes (torchrun), as ddp-xN and fsdp-xN. 0: every GPU when "
+        "there are several. On the CPU the ranks share its cores: a check of the bench, not a measurement.",
+    )
     parser.add_argument("--projects", type=Path, help="Take the rendered projects from here instead of rendering.")
     parser.add_argument(
         "--prepare",
@@ -106,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rounds", "steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.ranks < 0:
+        parser.error("--ranks must not be negative")
     return args
 
 
@@ -223,8 +234,14 @@ class Loop:
                 self.pending += chunk
 
 
-def worker_command(args: argparse.Namespace, worker: str, project: Path | None = None, flags: str = "") -> list[str]:
-    command = [sys.executable, str(BENCH / "gpu_loop.py"), "--worker", worker]
+def worker_command(
+    args: argparse.Namespace, worker: str, project: Path | None = None, flags: str = "", ranks: int = 1
+) -> list[str]:
+    """The worker's command line: one process, or `ranks` processes under torchrun (rank 0 talks to the driver)."""
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    command = [*launcher, str(BENCH / "gpu_loop.py"), "--worker", worker]
     command += ["--model", args.model, "--steps", str(args.steps), "--rounds", str(args.rounds)]
     command += ["--warmup-epochs", str(args.warmup_epochs), "--device", args.device, "--precision", args.precision]
     command += ["--lr", str(args.lr), "--weight-decay", str(args.weight_decay)]
@@ -241,14 +258,20 @@ def build_loops(args: argparse.Namespace, projects: Path, logs: Path) -> tuple[l
         name, _, target = spec.partition("=")
         generated[name] = target
     names = [name for name in args.loops.split(",") if name] + [spec.partition("=")[0] for spec in args.extra]
+    ranks = several_ranks(args)
+    if ranks:
+        names += [f"{strategy}-x{ranks}" for strategy in ("ddp", "fsdp") if strategy in names]
     loops, skipped = [], []
     for name in dict.fromkeys(names):
-        if name in generated:
-            project, _, flags = generated[name].partition(":")
+        strategy, _, on = name.partition("-x")
+        if name in generated or (on and strategy in generated):
+            project, _, flags = generated[strategy if on else name].partition(":")
             if not (projects / project).exists():
                 skipped.append(f"{name}: no project {project!r} under {projects}")
                 continue
-            command = worker_command(args, "generated", projects / project, flags)
+            if on:  # ranks 1..N-1 wait in a collective while the other loops train: let them wait
+                flags += " --dist-timeout-s 3600"
+            command = worker_command(args, "generated", projects / project, flags, int(on or 1))
         elif name.removesuffix("-compiled") in ("ceiling", "hand", "lightning", "accelerate"):
             package = {"lightning": "lightning", "accelerate": "accelerate"}.get(name.removesuffix("-compiled"))
             if package and not _installed(package):
@@ -259,6 +282,17 @@ def build_loops(args: argparse.Namespace, projects: Path, logs: Path) -> tuple[l
             sys.exit(f"error: --loops names {name!r}, which is no loop; see --help")
         loops.append(Loop(name, command, logs / f"{name}.log"))
     return loops, skipped
+
+
+def several_ranks(args: argparse.Namespace) -> int:
+    """How many processes the ddp-xN and fsdp-xN loops train on; 0 for none."""
+    if args.ranks:
+        return args.ranks if args.ranks > 1 else 0
+    if args.device != "cuda":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.device_count() > 1 else 0
 
 
 def _installed(package: str) -> bool:
@@ -365,7 +399,8 @@ def report(args: argparse.Namespace, loops: list[Loop], skipped: list[str]) -> N
         memory = max(r["peak_bytes"] for r in loop.rounds) / 2**30
         spread = f"{min(rates[loop.name]):,.1f} .. {max(rates[loop.name]):,.1f}"
         print(f"{loop.name:<20}{median:>12,.1f}{spread:>22}{tokens:>12}{mfu:>8}{memory:>10.2f}")
-    extras = [(name, "single") for name in rates if name == "base" or name in {s.partition("=")[0] for s in args.extra}]
+    extra_names = {spec.partition("=")[0] for spec in args.extra}
+    extras = [(name, "single") for name in rates if name == "base" or name in extra_names or "-x" in name]
     for name, against in COMPARISONS + extras:
         if name in rates and against in rates and len(rates[name]) == len(rates[against]):
             ratios = [a / b for a, b in zip(rates[name], rates[against], strict=True)]

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -59,7 +60,11 @@ class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.shape: Shape = PRESETS[args.model]
-        self.device = torch.device(args.device)
+        # Under torchrun (ddp-xN, fsdp-xN) every rank trains on its own GPU, and rank 0 alone talks
+        # to the driver: it reads the commands, hands each to the other ranks, and reports.
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device(args.device)
         self.dataset = build_dataset(self.shape, args.steps * self.shape.batch)
         self.total_epochs = args.warmup_epochs + args.rounds + 1  # one more for --profile
         self.total_steps = self.total_epochs * args.steps
@@ -81,15 +86,26 @@ class Worker:
                 run_epoch()
 
     def ready(self) -> None:
-        print("READY", flush=True)
+        self.report("READY")
+
+    def report(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)
 
     def wait_for_command(self, run_epoch: Callable[[], None]) -> bool:
         """Whether the driver asks for a timed epoch; `profile` requests are answered on the way."""
-        command = sys.stdin.readline().strip()
+        command = self.next_command()
         while command == "profile":
             self.profile(run_epoch)
-            command = sys.stdin.readline().strip()
+            command = self.next_command()
         return command == "epoch"
+
+    def next_command(self) -> str:
+        """The driver's next command, read by rank 0 and handed to every other rank."""
+        command = [sys.stdin.readline().strip() if self.rank == 0 else ""]
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            torch.distributed.broadcast_object_list(command, src=0)
+        return command[0]
 
     def profile(self, run_epoch: Callable[[], None]) -> None:
         """One epoch under cProfile: the functions with the most time of their own, then the most in all."""
@@ -106,7 +122,7 @@ class Worker:
         stats = pstats.Stats(profiler, stream=text)
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(35)
-        print("PROFILE " + json.dumps(text.getvalue()), flush=True)
+        self.report("PROFILE " + json.dumps(text.getvalue()))
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
@@ -119,7 +135,7 @@ class Worker:
         seconds = time.perf_counter() - started
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         result = {"seconds": seconds, "samples": self.args.steps * self.shape.batch, "peak_bytes": peak}
-        print("RESULT " + json.dumps(result), flush=True)
+        self.report("RESULT " + json.dumps(result))
         if self.args.release_memory and self.device.type == "cuda":
             torch.cuda.empty_cache()  # outside the timed region: let the other workers' epochs have the memory
 

@@ -137,23 +137,34 @@ def test_activation_checkpointing_keeps_a_fraction_of_the_activations_and_the_sa
     assert float(difference) == 0.0
 
 
+# checkpoint_units mistakes: what the function returns instead of the LM's layers, and what the run says.
+UNITS_MISTAKES = {
+    "return [nn.Linear(2, 2)]": "got a Linear that is not part of the model",
+    "return [model.blocks.layers]": "got a ModuleList, which has no forward of its own: return the blocks in it",
+    "return [*model.blocks.layers, model.blocks.layers[0]]": "got a TransformerEncoderLayer twice, or inside another",
+    "pass": "got NoneType",  # a forgotten return
+}
+
+
 def test_activation_checkpointing_names_what_model_py_must_give(lm, tmp_path):
     no_units = copy_project(lm, tmp_path / "no_units")
     edit(no_units, "model.py", "def checkpoint_units(", "def my_blocks(")
-    foreign = copy_project(lm, tmp_path / "foreign")
-    edit(foreign, "model.py", "return list(model.blocks.layers)", "return [nn.Linear(2, 2)]")
-    missing, wrong = in_parallel(
-        lambda: run_failing(no_units, tmp_path / "no_units_run", *TINY_LM, "--activation-checkpointing"),
-        lambda: run_failing(foreign, tmp_path / "foreign_run", *TINY_LM, "--activation-checkpointing"),
+    projects = [no_units]
+    for index, mistake in enumerate(UNITS_MISTAKES):
+        projects.append(copy_project(lm, tmp_path / f"mistake{index}"))
+        edit(projects[-1], "model.py", "return list(model.blocks.layers)", mistake)
+    flags = (*TINY_LM, "--activation-checkpointing")
+    missing, *mistakes = in_parallel(
+        *[lambda project=project: run_failing(project, project / "run", *flags) for project in projects]
     )
     assert missing.returncode == 2 and "Traceback" not in missing.stdout
     assert (
         "--activation-checkpointing recomputes the blocks that checkpoint_units(model) in model.py returns, and "
         "model.py has none; add it (docs/speed.md shows one), or train without the flag"
     ) in missing.stdout
-    assert wrong.returncode == 1 and "Traceback" not in wrong.stdout
-    must = "model.py: checkpoint_units(model) must return a non-empty list of the model's own submodules"
-    assert must in wrong.stdout
+    for result, message in zip(mistakes, UNITS_MISTAKES.values(), strict=True):
+        assert result.returncode == 1 and "Traceback" not in result.stdout
+        assert "model.py: checkpoint_units(model) must return a list of the model's blocks; " + message in result.stdout
 
 
 @pytest.fixture(scope="module")

@@ -550,7 +550,7 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     project = new_project(tmp_path / "proj")  # single
     package = project / "src" / "proj"
     model = package / "model.py"
-    model.write_text(model.read_text().replace("# TODO(model)", "# DONE(model)"))
+    model.write_text(model.read_text().replace("# TODO(model)", "# DONE(model)", 1))  # build_model's
     git(project, "commit", "-qam", "My model")
     mine = model.read_text()
 

@@ -4,6 +4,7 @@ The failing runs start together (each is mostly TensorFlow's start-up and tracin
 one by one.
 """
 
+import re
 import subprocess
 
 import pytest
@@ -52,8 +53,26 @@ MISTAKES = {
         "    inputs = tf.ensure_shape(as_is, inputs.shape)\n" + DEFAULT_STEP,
     ),
 }
-# Flags of the runs above besides ONE_EPOCH.
-MISTAKE_FLAGS = {"not_for_xla": ("--jit-compile",)}
+MISTAKES |= {
+    # A shape computed from the data's values, which XLA cannot compile.
+    "shape_from_values": (
+        "step.py",
+        DEFAULT_STEP,
+        "    import tensorflow as tf\n\n"
+        "    losses = per_sample_loss(model(inputs, training=True), targets)\n"
+        "    return Mean(tf.reshape(losses, [tf.reduce_sum(tf.cast(losses > -1.0, tf.int32))]))",
+    ),
+    # Two losses for the one optimizer.
+    "two_losses": (
+        "step.py",
+        DEFAULT_STEP,
+        "    loss = Mean(per_sample_loss(model(inputs, training=True), targets))\n"
+        '    yield "model", loss\n'
+        '    yield "model", loss',
+    ),
+}
+# Flags of the runs above besides ONE_EPOCH: these three train with XLA.
+MISTAKE_FLAGS = {name: ("--jit-compile",) for name in ("not_for_xla", "shape_from_values", "two_losses")}
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +141,21 @@ def test_an_out_of_range_label_deep_in_the_data_is_one_line(mistakes):
     assert "error: a batch was refused (" in result.stdout and "which is outside the valid range" in result.stdout
 
 
-def test_an_op_xla_cannot_compile_is_named_under_jit_compile(mistakes):
-    result = outcome(mistakes, "not_for_xla")
+def test_what_xla_cannot_compile_is_named_with_its_line_under_jit_compile(mistakes):
+    for name, problem in [
+        ("not_for_xla", "XLA cannot compile PyFuncStateless; replace what creates it"),
+        ("shape_from_values", "must be a compile-time constant: XLA needs shapes that do not depend on the data"),
+    ]:
+        result = outcome(mistakes, name)
+        assert result.returncode == 1 and "Traceback" not in result.stdout
+        assert re.search(r"error: --jit-compile: step\.py:\d+: .*" + re.escape(problem), result.stdout), name
+
+
+def test_a_second_loss_for_one_optimizer_is_refused_under_jit_compile(mistakes):
+    # XLA compiles the whole micro-step, step.py's generator with it: the check runs inside.
+    result = outcome(mistakes, "two_losses")
     assert result.returncode == 1 and "Traceback" not in result.stdout
-    assert "error: --jit-compile: XLA cannot compile PyFuncStateless, which step.py or model.py uses" in result.stdout
+    assert "train_step yielded more losses than optim.py has optimizers (1)" in result.stdout
 
 
 def test_an_averaged_loss_is_refused(mistakes):

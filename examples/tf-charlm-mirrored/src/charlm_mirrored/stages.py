@@ -85,6 +85,23 @@ def build_stages(optimizers: object, trained: dict[str, keras.Model], config: Tr
     return stages
 
 
+def not_finite_message(stage: Stage, stages: list[Stage], config: TrainConfig, where: str) -> str:
+    """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
+    advice = "lower --lr, check your data for NaN/inf"
+    which = "" if len(stages) == 1 else f"the {stage.name} "
+    if config.nan_policy == "skip":
+        skips = config.max_consecutive_skips + 1
+        return (
+            f"{which or 'the '}loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights "
+            f"have diverged: {advice}, or use --precision fp32"
+        )
+    loss = float(stage.skipped_loss.numpy())
+    problem = f"{which}training loss is {loss}"
+    if math.isfinite(loss):  # the loss was fine, its gradients were not
+        problem = f"the {which}gradients are NaN/inf (training loss {loss:.4g})"
+    return f"{problem} at {where}; {advice}, or use --precision fp32"
+
+
 def mean_losses(stages: list[Stage], totals: Any) -> dict[str, float]:
     """Each stage's mean training loss from its totals row (loss total, weight kept, ...), under its log
     name: `train_loss`, or `train_<name>_loss` with several; NaN where nothing was kept."""

@@ -29,7 +29,7 @@ from .logs import MetricLogger, ProgressBar
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import TrainSplit, distribute_eval
-from .stages import build_stages, mean_losses, split_models
+from .stages import build_stages, mean_losses, not_finite_message, split_models
 from .train_step import TrainStep
 
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -153,7 +153,7 @@ class Trainer:
                 stage = self.train_step.gave_up()
                 if stage is not None:
                     where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
-                    raise TrainingError(self.train_step.not_finite_message(stage, where))
+                    raise TrainingError(not_finite_message(stage, self.stages, self.config, where))
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
                 # With several workers, a SIGTERM may reach some only: if any got one, all stop here.

@@ -75,11 +75,7 @@ class TrainConfig(Settings):
     )
     jit_compile: bool = field(
         default=False,
-        metadata={
-            "help": "Compile each micro-step's forward and backward pass with XLA, which fuses their kernels; one "
-            "optimizer only. Every new batch shape compiles once more (the short last batch, padding to each batch's "
-            "length)."
-        },
+        metadata={"help": "Compile each micro-step with XLA (one optimizer only); each new batch shape compiles once."},
     )
     profile: bool = field(
         default=False,

@@ -5,8 +5,6 @@ TrainStep for --steps-per-call updates at a time; everything here runs inside on
 """
 
 import functools
-import math
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,11 +16,12 @@ import tensorflow as tf
 from .collect import Mean, check_train_value, run_updates_in_a_loop
 from .config import TrainConfig
 from .distributed import Runtime
-from .errors import ConfigError, StepError, user_code_error
+from .errors import StepError, user_code_error
 from .profiling import CallProfiler
 from .sampling import part, rows
 from .stages import Stage
 from .step import train_step
+from .xla import compile_micro_step, xla_error
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -62,19 +61,8 @@ class TrainStep:
         # but the batch size, so the short last batch runs the same graph, not a retrace (with several
         # workers, a retrace on one alone would also leave the workers' collectives out of step).
         self.compiled = tf.function(self._updates)
-        # --jit-compile: XLA compiles each micro-step whole, forward and backward, into fused kernels.
-        # The loop, the collectives and the update stay in the graph around it (XLA compiles what runs
-        # on one replica). With several optimizers, step.py's generator is resumed between their
-        # updates: a micro-step is then no longer one function XLA could compile.
-        self.jit_micro_step = None
-        if config.jit_compile:
-            if len(stages) > 1:
-                names = ", ".join(stage.name for stage in stages)
-                raise ConfigError(
-                    f"--jit-compile compiles the step of one optimizer, and optim.py builds {len(stages)} ({names}); "
-                    "train without --jit-compile"
-                )
-            self.jit_micro_step = tf.function(self._whole_micro_step, jit_compile=True)
+        # --jit-compile: XLA compiles each micro-step whole, forward and backward (xla.py).
+        self.jit_micro_step = compile_micro_step(self._whole_micro_step, stages) if config.jit_compile else None
         run_updates_in_a_loop(config.steps_per_call > 1)
         self.profiler = CallProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
 
@@ -83,13 +71,9 @@ class TrainStep:
         try:
             result = self.compiled(batches, count)
         except tf.errors.InvalidArgumentError as error:
-            unsupported = sorted(set(re.findall(r"(\w+) \(No registered '\w+' OpKernel for XLA", str(error))))
-            if not unsupported:
+            if self.jit_micro_step is None:
                 raise
-            raise StepError(
-                f"--jit-compile: XLA cannot compile {', '.join(unsupported)}, which step.py or model.py uses in the "
-                "train step; train without --jit-compile, or replace what creates it"
-            ) from None
+            raise xla_error(error) from None
         self.profiler.step()
         return result
 
@@ -111,22 +95,6 @@ class TrainStep:
     def gave_up(self) -> Stage | None:
         """The stage that skipped more updates in a row than the NaN policy allows, if any."""
         return next((stage for stage in self.stages if int(stage.skips_in_a_row.numpy()) > self.allowed_skips), None)
-
-    def not_finite_message(self, stage: Stage, where: str) -> str:
-        """Why the run stops: the NaN/inf update that --nan-policy stop refuses, or too many skipped in a row."""
-        advice = "lower --lr, check your data for NaN/inf"
-        which = "" if len(self.stages) == 1 else f"the {stage.name} "
-        if self.config.nan_policy == "skip":
-            skips = self.config.max_consecutive_skips + 1
-            return (
-                f"{which or 'the '}loss or gradients were NaN/inf for {skips} updates in a row ({where}); the weights "
-                f"have diverged: {advice}, or use --precision fp32"
-            )
-        loss = float(stage.skipped_loss.numpy())
-        problem = f"{which}training loss is {loss}"
-        if math.isfinite(loss):  # the loss was fine, its gradients were not
-            problem = f"the {which}gradients are NaN/inf (training loss {loss:.4g})"
-        return f"{problem} at {where}; {advice}, or use --precision fp32"
 
     def _updates(self, batches: Iterator, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`count` updates, one per global batch taken from `batches`, in a loop inside the graph.
@@ -170,6 +138,7 @@ class TrainStep:
         micro_batches = [part(batch, index, parts) for index in range(parts)]
         # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
         # loss per stage and is resumed stage by stage, after the previous stage's update.
+        # Under --jit-compile (one optimizer) each micro-step runs whole, compiled by XLA.
         steps = [] if self.jit_micro_step else [self._losses(micro_batch) for micro_batch in micro_batches]
         sums, applied = [], []
         for stage in self.stages:

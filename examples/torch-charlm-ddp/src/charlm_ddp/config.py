@@ -86,10 +86,7 @@ class TrainConfig(Settings):
     )
     activation_checkpointing: bool = field(
         default=False,
-        metadata={
-            "help": "Keep only the inputs of the blocks that model.py's checkpoint_units returns, and run each block "
-            "again in the backward pass: activation memory of about one block, for about one more forward pass."
-        },
+        metadata={"help": "Recompute model.py's checkpoint_units in the backward pass: only their inputs are kept."},
     )
     profile: bool = field(
         default=False,
@@ -152,9 +149,7 @@ class TrainConfig(Settings):
     early_stop_patience: int = field(
         default=0, metadata={"help": "Stop after this many epochs without improvement; 0 never stops early."}
     )
-    test_on: Literal["best", "last"] = field(
-        default="best", metadata={"help": "Which checkpoint the final test evaluates."}
-    )
+    test_on: Literal["best", "last"] = field(default="best", metadata={"help": "Which checkpoint the final test uses."})
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Checkpoints kept besides the best (epoch ends and --checkpoint-every alike)."}
     )

@@ -41,13 +41,13 @@ def compile_model(model: nn.Module, config: TrainConfig) -> nn.Module:
 
 
 def checkpoint_activations(model: nn.Module) -> None:
-    """--activation-checkpointing: each block from model.py's `checkpoint_units` keeps only its
-    inputs for the backward pass, which runs the block's forward again for what it needs.
+    """--activation-checkpointing: the blocks of model.py's `checkpoint_units` run twice.
 
-    Activation memory falls to the blocks' inputs plus one block's activations at a time, for about
-    one more forward pass of compute. checkpoint() saves the random state before the forward and
-    restores it for the second run, so dropout draws the same masks twice: the gradients are the
-    ones without it. The blocks keep their names, so checkpoints are the same with or without it.
+    Each block keeps only its inputs for the backward pass, which runs the block's forward again to
+    get the rest: the activations of the blocks' inputs plus one block at a time, for about one more
+    forward pass of compute. checkpoint() saves the random state before the forward and restores it
+    for the second run, so dropout draws the same masks twice (on a GPU, for the devices of the
+    tensors passed to the block positionally). The blocks keep their names: checkpoints are alike.
     """
     checkpoint_units = getattr(model_file, "checkpoint_units", None)
     if checkpoint_units is None:  # a model.py written before the flag existed
@@ -56,17 +56,33 @@ def checkpoint_activations(model: nn.Module) -> None:
             "and model.py has none; add it (docs/speed.md shows one), or train without the flag"
         )
     try:
-        blocks = list(checkpoint_units(model))
+        blocks = checkpoint_units(model)
     except Exception as error:
         raise user_code_error(error, "in checkpoint_units") from None
-    submodules = {id(module) for module in model.modules()}
-    if not blocks or not all(isinstance(block, nn.Module) and id(block) in submodules for block in blocks):
-        raise DataError(
-            "model.py: checkpoint_units(model) must return a non-empty list of the model's own submodules "
-            f"(its repeated blocks), got {blocks!r:.200}"
-        )
+    problem = checkpoint_units_problem(model, blocks)
+    if problem:
+        raise DataError(f"model.py: checkpoint_units(model) must return a list of the model's blocks; {problem}")
     for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+
+
+def checkpoint_units_problem(model: nn.Module, blocks: object) -> str:
+    """What is wrong with `checkpoint_units`' answer, in words; empty when nothing is."""
+    if not isinstance(blocks, list | tuple):
+        return f"got {type(blocks).__name__}"
+    if not blocks:
+        return "got an empty list"
+    submodules = {id(module) for module in model.modules()}
+    for block in blocks:
+        name = type(block).__name__
+        if not isinstance(block, nn.Module) or id(block) not in submodules:
+            return f"got a {name} that is not part of the model"
+        if type(block).forward is nn.Module.forward:  # a ModuleList: never called itself
+            return f"got a {name}, which has no forward of its own: return the blocks in it, list(model.blocks)"
+        inside = {id(module) for module in block.modules() if module is not block}
+        if any(id(other) in inside for other in blocks) or sum(other is block for other in blocks) > 1:
+            return f"got a {name} twice, or inside another block: return each block once"
+    return ""
 
 
 class TrainStep:

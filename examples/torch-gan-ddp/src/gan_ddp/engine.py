@@ -48,7 +48,7 @@ class Trainer:
         self.loaders = Loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
 
         trained, frozen = split_models(built)
-        if config.activation_checkpointing:  # before wrapping, as DDP and FSDP see the blocks then
+        if config.activation_checkpointing:  # before DDP/FSDP wrap it: their hooks run around the blocks
             for model in trained.values():
                 checkpoint_activations(model)
         self.wrapped = {name: distributed.wrap_model(model, runtime) for name, model in trained.items()}
