@@ -8,6 +8,7 @@ catch the bug it is about (a naive variant that must fail it).
 """
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -140,6 +141,8 @@ def test_gan_trains_both_networks_alike_on_two_replicas_with_accumulation(gan, t
     assert relative_difference(one, two) < TOLERANCE
     record = records(tmp_path / "two")[-1]
     assert {"train_discriminator_loss", "train_generator_loss", "val_diversity"} <= record.keys()
+    steps = [json.loads(line) for line in (tmp_path / "two" / "steps.jsonl").read_text().splitlines()]
+    assert {"grad_norm_discriminator", "grad_norm_generator"} <= steps[-1].keys()
     # 1257 = 19 x 64 + 41: the short last batch is kept (41 samples for 2 replicas x 2 micro-steps).
     assert record["step"] == 20
 

@@ -15,6 +15,7 @@ from conftest import (
     sources_with_a_nan_training_sample,
     sources_with_recording_hooks,
     start_training,
+    step_records,
     summary,
 )
 from project import final_test, resumed_message, split_sizes
@@ -70,6 +71,9 @@ def test_two_replicas_match_one(reference, runs, variant):
     root, _ = runs
     assert_same_weights(final_weights(reference), final_weights(root / variant), atol=1e-5)
     assert_same_metrics(metrics(reference), metrics(root / variant), rel=1e-4)
+    # The norm of the global gradient, summed over the replicas, before clipping.
+    norms = [record["grad_norm"] for record in step_records(reference)]
+    assert [record["grad_norm"] for record in step_records(root / variant)] == pytest.approx(norms, rel=1e-4)
 
 
 def test_evaluation_counts_every_sample_once(reference, runs):

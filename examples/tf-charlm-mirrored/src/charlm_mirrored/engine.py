@@ -29,7 +29,7 @@ from .logs import MetricLogger, ProgressBar
 from .model import build_model
 from .optim import build_optimizer, build_schedule
 from .sampling import TrainSplit, distribute_eval
-from .stages import build_stages, mean_losses, not_finite_message, split_models
+from .stages import build_stages, grad_norms, mean_losses, not_finite_message, split_models
 from .train_step import TrainStep
 
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -187,7 +187,7 @@ class Trainer:
         """Show and log the training loss of the updates since the last call; validate if asked."""
         record: dict[str, Any] = {"epoch": epoch + 1, "step": int(self.step.numpy())}
         losses = mean_losses(self.stages, window.numpy())  # NaN where --nan-policy skip dropped every update
-        record.update(losses, lr=float(self.stages[0].optimizer.learning_rate))
+        record.update(losses, lr=float(self.stages[0].optimizer.learning_rate), **grad_norms(self.stages))
         self.progress.update(updates, samples, next(iter(losses.values())))
         if validate:
             record.update(self.evaluate("val"))

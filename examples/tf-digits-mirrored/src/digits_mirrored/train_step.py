@@ -147,21 +147,22 @@ class TrainStep:
             else:
                 micro_steps = [functools.partial(self._micro_step, stage, losses) for losses in steps]
             grads, total, weight = self._gradients(stage, micro_steps)
+            # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides it
+            # out): their norm is S times the true one, and clipping S*g at S*max_norm clips g at max_norm.
+            loss_scale = stage.optimizer.scale_loss(1.0)
+            scaled_norm = tf.linalg.global_norm(grads)
             finite = tf.math.is_finite(total)
             if self.config.precision != "fp16":
                 # (Under fp16, inf gradients mean the loss scale overflowed: the LossScaleOptimizer skips
                 # such an update itself and lowers the scale.)
-                finite &= tf.math.is_finite(tf.linalg.global_norm(grads))
+                finite &= tf.math.is_finite(scaled_norm)
             if self.config.max_grad_norm > 0:
-                # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides
-                # it out): clipping S*g at S*max_norm is clipping g at max_norm.
-                loss_scale = stage.optimizer.scale_loss(1.0)
-                grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale)
+                grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm * loss_scale, use_norm=scaled_norm)
             # The update (or its skip) is decided once for all replicas, outside the replica context:
             # TensorFlow does not allow a cond around apply_gradients inside it.
-            loss = total / tf.maximum(weight, 1e-12)
+            loss, norm = total / tf.maximum(weight, 1e-12), scaled_norm / loss_scale
             merge = functools.partial(self._apply_or_skip, stage)
-            applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss)))
+            applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss, norm)))
             sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
         for losses in steps:
             self._check_no_more_losses(losses)
@@ -246,7 +247,7 @@ class TrainStep:
         return check_train_value(given[1], stage.name)
 
     def _apply_or_skip(
-        self, stage: Stage, strategy: tf.distribute.Strategy, grads: Any, finite: Any, loss: Any
+        self, stage: Stage, strategy: tf.distribute.Strategy, grads: Any, finite: Any, loss: Any, norm: Any
     ) -> tf.Tensor:
         """Apply the stage's update on every replica, or skip it; runs once, in the cross-replica context.
 
@@ -254,8 +255,9 @@ class TrainStep:
         optimizer state and so the schedule stay as they were. Once more updates in a row are skipped
         than allowed, nothing is applied any more and the engine stops the run.
         """
-        # Each replica computed `finite` and the loss from the same all-reduced sums: take the first.
-        finite, loss = (strategy.experimental_local_results(value)[0] for value in (finite, loss))
+        # Each replica computed `finite`, the loss and the norm from the same all-reduced sums: take the first.
+        finite, loss, norm = (strategy.experimental_local_results(value)[0] for value in (finite, loss, norm))
+        stage.grad_norm.assign(norm)
         apply = finite & (stage.skips_in_a_row <= self.allowed_skips)
 
         def apply_update() -> None:

@@ -26,13 +26,16 @@ class Stage:
     name: str
     optimizer: keras.optimizers.Optimizer
     model: keras.Model
-    # Updates skipped in a row by --nan-policy skip, and the loss of the last one skipped.
+    # Updates skipped in a row by --nan-policy skip, the loss of the last one skipped, and the norm
+    # of the last update's gradient before clipping.
     skips_in_a_row: tf.Variable = field(init=False)
     skipped_loss: tf.Variable = field(init=False)
+    grad_norm: tf.Variable = field(init=False)
 
     def __post_init__(self) -> None:
         self.skips_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.skipped_loss = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.grad_norm = tf.Variable(0.0, dtype=tf.float32, trainable=False)
 
     @property
     def variables(self) -> list[tf.Variable]:
@@ -83,6 +86,15 @@ def build_stages(optimizers: object, trained: dict[str, keras.Model], config: Tr
         optimizer.build(trained[name].trainable_variables)  # its state must exist before a restore
         stages.append(Stage(name, optimizer, trained[name]))
     return stages
+
+
+def grad_norms(stages: list[Stage]) -> dict[str, float]:
+    """Each stage's gradient norm at its last update, before clipping: `grad_norm`, or `grad_norm_<name>`
+    for each of several optimizers."""
+    norms = {}
+    for stage in stages:
+        norms["grad_norm" if len(stages) == 1 else f"grad_norm_{stage.name}"] = float(stage.grad_norm.numpy())
+    return norms
 
 
 def not_finite_message(stage: Stage, stages: list[Stage], config: TrainConfig, where: str) -> str:

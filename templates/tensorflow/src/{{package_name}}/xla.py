@@ -53,6 +53,7 @@ def xla_error(error: tf.errors.InvalidArgumentError) -> Exception:
 def where_in_your_code(message: str) -> str:
     """`step.py:36: `, the last line of your files in the stack trace of the op XLA refused; or nothing."""
     package = Path(__file__).parent
-    frames = [(Path(name), line) for name, line in re.findall(r'File "([^"]+)", line (\d+)', message)]
+    # Ops created on a replica's thread (mirrored, multi-worker) list their files without the leading "/".
+    frames = [(Path("/" + name.lstrip("/")), line) for name, line in re.findall(r'File "([^"]+)", line (\d+)', message)]
     mine = [f"{path.name}:{line}: " for path, line in frames if path.parent == package and path.name in USER_FILES]
     return mine[-1] if mine else ""
