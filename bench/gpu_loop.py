@@ -258,20 +258,19 @@ def build_loops(args: argparse.Namespace, projects: Path, logs: Path) -> tuple[l
         name, _, target = spec.partition("=")
         generated[name] = target
     names = [name for name in args.loops.split(",") if name] + [spec.partition("=")[0] for spec in args.extra]
-    ranks = several_ranks(args)
-    if ranks:
-        names += [f"{strategy}-x{ranks}" for strategy in ("ddp", "fsdp") if strategy in names]
+    spread = spread_loops(args, names)
+    names += list(spread)
     loops, skipped = [], []
     for name in dict.fromkeys(names):
-        strategy, _, on = name.partition("-x")
-        if name in generated or (on and strategy in generated):
-            project, _, flags = generated[strategy if on else name].partition(":")
+        if name in generated or name in spread:
+            project, _, flags = generated[spread.get(name, name)].partition(":")
             if not (projects / project).exists():
                 skipped.append(f"{name}: no project {project!r} under {projects}")
                 continue
-            if on:  # ranks 1..N-1 wait in a collective while the other loops train: let them wait
+            if name in spread:  # ranks 1..N-1 wait in a collective while the other loops train: let them wait
                 flags += " --dist-timeout-s 3600"
-            command = worker_command(args, "generated", projects / project, flags, int(on or 1))
+            ranks = several_ranks(args) if name in spread else 1
+            command = worker_command(args, "generated", projects / project, flags, ranks)
         elif name.removesuffix("-compiled") in ("ceiling", "hand", "lightning", "accelerate"):
             package = {"lightning": "lightning", "accelerate": "accelerate"}.get(name.removesuffix("-compiled"))
             if package and not _installed(package):
@@ -282,6 +281,12 @@ def build_loops(args: argparse.Namespace, projects: Path, logs: Path) -> tuple[l
             sys.exit(f"error: --loops names {name!r}, which is no loop; see --help")
         loops.append(Loop(name, command, logs / f"{name}.log"))
     return loops, skipped
+
+
+def spread_loops(args: argparse.Namespace, names: list[str]) -> dict[str, str]:
+    """The ddp-xN and fsdp-xN loops, by name, each with the loop it runs on N processes."""
+    ranks = several_ranks(args)
+    return {f"{strategy}-x{ranks}": strategy for strategy in ("ddp", "fsdp") if ranks and strategy in names}
 
 
 def several_ranks(args: argparse.Namespace) -> int:
@@ -399,8 +404,8 @@ def report(args: argparse.Namespace, loops: list[Loop], skipped: list[str]) -> N
         memory = max(r["peak_bytes"] for r in loop.rounds) / 2**30
         spread = f"{min(rates[loop.name]):,.1f} .. {max(rates[loop.name]):,.1f}"
         print(f"{loop.name:<20}{median:>12,.1f}{spread:>22}{tokens:>12}{mfu:>8}{memory:>10.2f}")
-    extra_names = {spec.partition("=")[0] for spec in args.extra}
-    extras = [(name, "single") for name in rates if name == "base" or name in extra_names or "-x" in name]
+    against_single = {spec.partition("=")[0] for spec in args.extra} | set(spread_loops(args, args.loops.split(",")))
+    extras = [(name, "single") for name in rates if name == "base" or name in against_single]
     for name, against in COMPARISONS + extras:
         if name in rates and against in rates and len(rates[name]) == len(rates[against]):
             ratios = [a / b for a, b in zip(rates[name], rates[against], strict=True)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .errors import USER_FILES, ConfigError, StepError
+from .errors import ConfigError, StepError, in_your_files
 from .stages import Stage
 
 # How XLA refuses a graph: an op without an XLA kernel, or a shape computed from the data.
@@ -52,8 +52,8 @@ def xla_error(error: tf.errors.InvalidArgumentError) -> Exception:
 
 def where_in_your_code(message: str) -> str:
     """`step.py:36: `, the last line of your files in the stack trace of the op XLA refused; or nothing."""
-    package = Path(__file__).parent
     # Ops created on a replica's thread (mirrored, multi-worker) list their files without the leading "/".
-    frames = [(Path("/" + name.lstrip("/")), line) for name, line in re.findall(r'File "([^"]+)", line (\d+)', message)]
-    mine = [f"{path.name}:{line}: " for path, line in frames if path.parent == package and path.name in USER_FILES]
-    return mine[-1] if mine else ""
+    places = re.findall(r'File "([^"]+)", line (\d+)', message)
+    frames = [(Path("/" + name.lstrip("/")), int(line)) for name, line in places]
+    mine = in_your_files(frames)
+    return mine[-1] + ": " if mine else ""

@@ -6,6 +6,7 @@ to change.
 
 import re
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -56,14 +57,19 @@ class StepError(DataError):
 USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py")
 
 
+def in_your_files(places: Iterable[tuple[Path, int | None]]) -> list[str]:
+    """`file:line` of each place (a file and a line) that is in one of your files of this package, in order."""
+    package = Path(__file__).parent
+    return [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+
+
 def user_code_error(error: Exception, doing: str) -> Exception:
     """One line for an exception raised in your code while TensorFlow traced it: your file and line.
 
     Errors that did not pass through a user file are the template's: they keep their traceback.
     """
-    package = Path(__file__).parent
     places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
-    mine = [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+    mine = in_your_files(places)
     if not mine:
         return error
     if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
