@@ -1,5 +1,6 @@
 """The CLI through Typer's CliRunner and as real subprocesses: success paths and every bad input."""
 
+import json
 import os
 import re
 import shutil
@@ -135,6 +136,15 @@ BAD_INPUTS = {
     "a dependency of TensorFlow": (["--strategy", "mirrored", "--name", "google"], "would shadow the module 'google'"),
     "absl": (["--strategy", "mirrored", "--name", "absl"], "would shadow the module 'absl'"),
     "a module of the project": (["--name", "model"], "would shadow the module 'model'"),
+    # --tracker wandb / mlflow import these in the training process (see test_no_package_name_shadows_what_...).
+    "the wandb tracker": (["--name", "wandb"], "would shadow the module 'wandb', which --tracker wandb imports;"),
+    "the mlflow tracker": (["--name", "mlflow"], "would shadow the module 'mlflow', which --tracker mlflow imports;"),
+    "what both trackers import": (
+        ["--name", "pydantic"],
+        "package name 'pydantic' would shadow the module 'pydantic', which --tracker wandb and --tracker mlflow "
+        "import; choose another, e.g. pydantic_project",
+    ),
+    "what a tracker imports, as --data": (["--data", "package_name=sqlalchemy"], "--data package_name: package name"),
     "--data backend against --backend": (
         ["--data", "backend=tensorflow", "--backend", "torch"],
         "--backend torch and --data backend=tensorflow disagree; pass only one of them",
@@ -214,6 +224,68 @@ def test_no_package_name_shadows_what_the_framework_installs(framework):
     if not modules:
         pytest.skip(f"{framework} is not installed")
     assert sorted(module for module in modules if package_name_problem(module) is None) == []
+
+
+# What opening a tracker imports, printed as JSON: the run's top-level modules that Python itself does not have.
+TRACKER_RUN = """
+import json, sys, tempfile
+from pathlib import Path
+before = set(sys.modules)
+from probe.trackers import open_tracker
+with tempfile.TemporaryDirectory() as run_dir:
+    tracker = open_tracker(sys.argv[1], Path(run_dir), "probe", {"lr": 0.1})
+    tracker.log({"train_loss": 1.0}, step=1)
+    tracker.close({"test_loss": 1.0, "steps": 1})
+names = {name.partition(".")[0] for name in set(sys.modules) - before}
+print(json.dumps(sorted(name for name in names if name not in sys.stdlib_module_names and name != "probe")))
+"""
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_no_package_name_shadows_what_a_tracker_imports(tmp_path, tracker):
+    """A run with --tracker X imports these (measured offline, MLflow on its default SQLite store): a package of
+    one of their names and the installed module would be one name on sys.path, so the run could not import both."""
+    from importlib.util import find_spec
+
+    from looptpl.validation import package_name_problem
+
+    if find_spec(tracker) is None:
+        pytest.skip(f"{tracker} is not installed")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text("")
+    for name in ("trackers.py", "errors.py"):
+        shutil.copy(REPO_ROOT / "templates" / "torch" / "src" / "{{package_name}}" / name, probe / name)
+    environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}  # SQLite
+    environment.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    for folder in ("CONFIG", "CACHE", "DATA"):  # nothing written outside tmp_path
+        environment[f"WANDB_{folder}_DIR"] = str(tmp_path / f"wandb-{folder.lower()}")
+    result = subprocess.run(
+        [sys.executable, "-c", TRACKER_RUN, tracker],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert tracker in imported
+    assert [name for name in imported if package_name_problem(name) is None] == []
+    assert f"--tracker {tracker}" in (package_name_problem(tracker) or "")
+
+
+def test_rename_to_what_a_tracker_imports_is_refused_and_changes_nothing(tmp_path):
+    project = tmp_path / "proj"
+    assert looptpl("new", str(project), "--defaults", "--no-git").exit_code == 0
+    before = {path: path.read_bytes() for path in project.rglob("*") if path.is_file()}
+    result = looptpl("rename", "mlflow", str(project))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: package name 'mlflow' would shadow the module 'mlflow', which --tracker mlflow imports; choose "
+        "another, e.g. mlflow_project (looptpl rename NEW_NAME)"
+    )
+    assert {path: path.read_bytes() for path in project.rglob("*") if path.is_file()} == before
 
 
 @pytest.mark.parametrize("flags, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())

@@ -344,3 +344,71 @@ def test_update_with_a_non_text_description_in_the_answers_is_one_line(generated
     git(generated, "commit", "-qam", "Edit the answers")
     result = looptpl("update", str(generated))
     one_line_error(result, "the description must be text, not list")
+
+
+# --- Issue #31: nothing lost, nothing silently wrong -------------------------------------------------------
+
+
+def link_out(project: Path, name: str, outside: Path) -> Path:
+    """Move the project's `name` (a file or a folder) to `outside` and track a symbolic link to it instead."""
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    (project / name).rename(outside)
+    (project / name).symlink_to(outside)
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", f"Share {name}")
+    return outside
+
+
+def contents(path: Path) -> dict[str, bytes]:
+    files = [path] if path.is_file() else sorted(path.rglob("*"))
+    return {str(file): file.read_bytes() for file in files if file.is_file()}
+
+
+# A user's own module that imports the package, a file the template renders, a folder of them.
+LINKED = {"user module": "src/proj/mine.py", "rendered file": "README.md", "rendered folder": "tests"}
+
+
+@pytest.mark.parametrize("case", LINKED)
+def test_rename_writes_nothing_through_a_symbolic_link(generated, case):
+    name = LINKED[case]
+    if case == "user module":
+        (generated / name).write_text("from proj.model import build_model\n")
+    outside = link_out(generated, name, generated.parent / "shared" / Path(name).name)
+    before, head_before = contents(outside), head(generated)
+    result = looptpl("rename", "vision", str(generated))
+    one_line_error(result, f"{name} is a symbolic link (to {outside})")
+    assert "replace the link with a copy of what it points to" in result.stderr
+    assert contents(outside) == before  # `git reset --hard` could not have undone a write there
+    assert head(generated) == head_before and git(generated, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("name", ["src/proj/engine.py", "tests"])
+def test_update_refuses_a_symbolic_link_where_the_template_writes(generated, name):
+    # copier would drop v1.1.0's engine fix without a word (the link is put back), or fail on the folder.
+    outside = link_out(generated, name, generated.parent / "shared" / Path(name).name)
+    before, head_before = contents(outside), head(generated)
+    for dry_run in (["--dry-run"], []):
+        result = looptpl("update", str(generated), *dry_run)
+        one_line_error(result, f"{name} is a symbolic link (to {outside})")
+    assert contents(outside) == before
+    assert head(generated) == head_before and git(generated, "status", "--porcelain") == ""
+
+
+def test_an_update_with_committed_conflict_markers_is_refused(generated):
+    """Markers committed from an earlier update would get nested inside the next merge's markers."""
+    engine = generated / "src" / "proj" / "engine.py"
+    engine.write_text(f"<<<<<<< before updating\nmine\n=======\ntheirs\n>>>>>>> after updating\n{engine.read_text()}")
+    (generated / "README.md.rej").write_text("@@ -1 +1 @@\n-a\n+b\n")
+    git(generated, "add", "-A")
+    git(generated, "commit", "-qm", "Half-finished update")
+    before = head(generated)
+    for dry_run in (["--dry-run"], []):
+        result = looptpl("update", str(generated), *dry_run)
+        one_line_error(
+            result,
+            "still holds an earlier update's conflict markers or .rej file (README.md, src/proj/engine.py); "
+            "resolve them (keep what you need of each side and delete the marker lines, or apply the .rej by "
+            "hand and delete it), commit, then update",
+        )
+    assert head(generated) == before and git(generated, "status", "--porcelain") == ""
+    assert answers(generated)["_commit"] == V1

@@ -8,6 +8,8 @@ wheel ships it), and for real by building two wheels and upgrading a fresh virtu
 
 import io
 import os
+import re
+import shlex
 import shutil
 import site
 import subprocess
@@ -646,3 +648,29 @@ def test_an_edit_to_code_the_template_moved_is_named_with_where_the_code_went(tm
             f"src/proj/train_step.py line {edited}: that template code is now in src/proj/precision.py" in result.stdout
         )
         assert "need attention: src/proj/train_step.py" in result.stderr
+
+
+def test_a_dry_run_suggests_the_update_with_the_same_options(tmp_path, install):
+    options = ["--strategy", "ddp", "--conflict", "rej"]
+    install(V1)
+    project = new_project(tmp_path / "my projects" / "proj")  # a space: the command must quote the path
+    preview = looptpl("update", str(project), "--dry-run", *options)
+    assert preview.exit_code == 0, preview.stderr
+    command = re.search(r"Run `(.*)` to apply\.", preview.stdout)
+    assert command is not None, preview.stdout
+    assert command[1] == shlex.join(["looptpl", "update", str(project), *options])
+    assert git(project, "status", "--porcelain") == ""
+    result = looptpl(*shlex.split(command[1])[1:])  # what the dry run said to run does what it previewed
+    assert result.exit_code == 0, result.stderr
+    assert answers(project)["strategy"] == "ddp"
+
+
+def test_a_project_named_like_what_a_tracker_imports_still_renames_away(tmp_path, install):
+    # `looptpl new` refuses such a name now; a project an older looptpl made with one can still rename to a good one.
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    git(project, "mv", "src/proj", "src/click")
+    rewrite_answers(project, package_name="click")
+    result = looptpl("rename", "vision", str(project))
+    assert result.exit_code != 2, result.stderr  # not refused (its files, which still say proj, clash: exit 3)
+    assert answers(project)["package_name"] == "vision" and (project / "src" / "vision" / "train.py").is_file()

@@ -288,7 +288,7 @@ def update(
     if outcome.plan.status is Status.CURRENT and not outcome.changed:
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
-    report_update(path, outcome, conflict, dry_run)
+    report_update(path, outcome, conflict, dry_run, strategy)
     # A dry run that foresees a conflict fails too, so a script or CI job notices; files the user deleted
     # stay deleted on every update, so they fail the update itself only.
     stranded = sorted({edit.path for edit in outcome.stranded})
@@ -300,7 +300,9 @@ def update(
         raise typer.Exit(NEEDS_ATTENTION)
 
 
-def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool) -> None:
+def report_update(
+    path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool, strategy: str | None = None
+) -> None:
     """List the changed files, the ones that clash with the user's edits, and what to do next."""
     action = "Would update" if dry_run else "Updated"
     current, new = outcome.plan.current, outcome.plan.template.label
@@ -327,7 +329,7 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
         )
         typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
     if dry_run:
-        typer.echo(f"Nothing was changed. Run `looptpl update {path}` to apply.")
+        typer.echo(f"Nothing was changed. Run `{update_command(path, conflict, strategy)}` to apply.")
     elif outcome.conflicts:
         fix = "keep what you need and delete the markers" if inline else "apply each .rej by hand, then delete it"
         typer.echo(f"Resolve them ({fix}), review with `git diff`, then commit.")
@@ -339,6 +341,16 @@ def report_update(path: Path, outcome: "Outcome", conflict: Conflict, dry_run: b
             "apply what you want of these changes by hand:"
         )
         typer.echo("\n".join(diff.rstrip("\n") for diff in outcome.owned_changes))
+
+
+def update_command(path: Path, conflict: Conflict, strategy: str | None) -> str:
+    """The `looptpl update` that applies what a dry run with these options showed, quoted for a shell."""
+    import shlex
+
+    options = ["--strategy", strategy] if strategy is not None else []
+    if conflict is not Conflict.inline:
+        options += ["--conflict", conflict.value]
+    return shlex.join(["looptpl", "update", str(path), *options])
 
 
 @app.command()

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git
+from looptpl.links import refuse_links
 from looptpl.progress import phase
 from looptpl.update import (
     ANSWERS,
     Status,
+    check_no_markers,
     check_package,
     check_repository,
     copier_failures,
@@ -53,6 +55,7 @@ def rename_package(project: Path, new: str) -> Renamed:
     if (project / "src" / new).exists():
         raise LooptplError(f"src/{new} already exists; remove it or choose another name")
     top = check_repository(project)
+    check_no_markers(project, "rename")
     check_package(project, answers)
     plan = plan_update(project, answers)
     if plan.status is Status.NEWER:
@@ -64,6 +67,8 @@ def rename_package(project: Path, new: str) -> Renamed:
         with tempfile.TemporaryDirectory(prefix="looptpl-rename-") as scratch:
             with phase(f"Rendering template {plan.current} with both names..."):
                 before, after = _render_both(plan.template.path, plan.current, answers, new, Path(scratch))
+            written = [path.relative_to(before).as_posix() for path in before.rglob("*") if path.is_file()]
+            refuse_links(project, [*written, *_links_to_fix(project, old, new)], "rename")
             git("mv", f"src/{old}", f"src/{new}", cwd=project)
             git("clean", "-d", "-X", "--force", "--quiet", "--", f"src/{old}", cwd=project)  # caches left behind
             rendered, conflicts = _merge_rendered(project, before, after, old, new)
@@ -113,23 +118,35 @@ def _merge_rendered(project: Path, before: Path, after: Path, old: str, new: str
 def _fix_imports(project: Path, rendered: set[str], old: str, new: str) -> None:
     """Point the user's own files (the ones the template does not render) at the new package name:
     `import old`, `from old...`, and dotted paths to its modules (`-m old.train`, "old.model")."""
-    modules = "|".join(sorted(path.stem for path in (project / "src" / new).glob("*.py")))
-    patterns = [
-        (re.compile(rf"\b(from|import)\s+{old}\b"), rf"\1 {new}"),
-        (re.compile(rf"(?<![\w.]){old}\.(?=({modules})\b)"), f"{new}."),
-    ]
+    modules = _modules(project / "src" / new)
     for name in git("ls-files", cwd=project).splitlines():
         path = project / name
-        if name in rendered or not path.is_file():
-            continue
+        if name in rendered or path.is_symlink() or not path.is_file():
+            continue  # a link is left as it is (rename_package refused the ones whose imports need it)
         text = _text(path)
-        if text is None:
-            continue
-        fixed = text
-        for pattern, replacement in patterns:
-            fixed = pattern.sub(replacement, fixed)
-        if fixed != text:
+        fixed = _renamed_imports(text, modules, old, new) if text is not None else None
+        if fixed is not None and fixed != text:
             path.write_text(fixed, encoding="utf-8")
+
+
+def _links_to_fix(project: Path, old: str, new: str) -> list[str]:
+    """The symbolic links the project tracks whose text imports the package, before the rename (read only)."""
+    entries = git("ls-files", "-s", "-z", cwd=project).split("\0")  # "mode hash stage\tpath"
+    links = [entry.split("\t", 1)[1] for entry in entries if entry.startswith("120000 ")]
+    modules = _modules(project / "src" / old)
+    texts = {name: _text(project / name) for name in links}
+    return [name for name, text in texts.items() if text and _renamed_imports(text, modules, old, new) != text]
+
+
+def _modules(package: Path) -> str:
+    """The package's modules, as alternatives of a regular expression."""
+    return "|".join(sorted(path.stem for path in package.glob("*.py")))
+
+
+def _renamed_imports(text: str, modules: str, old: str, new: str) -> str:
+    """`text` with its imports of `old`, and dotted paths to its `modules`, naming `new` instead."""
+    fixed = re.sub(rf"\b(from|import)\s+{old}\b", rf"\1 {new}", text)
+    return re.sub(rf"(?<![\w.]){old}\.(?=({modules})\b)", f"{new}.", fixed)
 
 
 def _mentions(project: Path, old: str) -> list[str]:

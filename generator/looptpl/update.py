@@ -25,6 +25,7 @@ from looptpl import signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
+from looptpl.links import refuse_links
 from looptpl.moved import StrandedEdit, stranded_edits
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
@@ -92,6 +93,7 @@ def update_project(
     answers = read_answers(project)
     changes = _strategy_change(answers, strategy)
     top = check_repository(project)
+    check_no_markers(project, "update")
     plan = plan_update(project, answers)
     if plan.status is Status.NEWER:
         fix = f"check out a newer commit in {plan.template.url}" if plan.template.checkout else "pip install -U looptpl"
@@ -110,6 +112,8 @@ def update_project(
             old, new = _render(plan, answers, changes, Path(renders))
         missing = _missing_generated(project, old)  # deleted by the user before this update
         yours = _owned_names(plan, answers["package_name"])
+        # Copier writes the files the template renders, old or new, except the user's own (which it skips).
+        refuse_links(project, {*_rendered(old), *_rendered(new)} - set(yours), "update")
         owned = _owned_changes(plan, old, new, yours)
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
@@ -316,7 +320,7 @@ def _answers_problem(answers: dict[str, Any]) -> str | None:
         return f"backend {backend!r} is not one of: {', '.join(BACKENDS)}"
     if strategy not in strategies(backend):
         return f"strategy {strategy!r} is not a {backend} strategy; use one of: {', '.join(strategies(backend))}"
-    for key, problem_of in (("project_name", project_name_problem), ("package_name", package_name_problem)):
+    for key, problem_of in (("project_name", project_name_problem), ("package_name", _recorded_package_problem)):
         value = answers.get(key)
         problem = problem_of(value) if isinstance(value, str) else f"{key} is missing or not text"
         if problem:
@@ -324,6 +328,12 @@ def _answers_problem(answers: dict[str, Any]) -> str | None:
     if "description" in answers:
         return description_problem(answers["description"])
     return None
+
+
+def _recorded_package_problem(name: str) -> str | None:
+    """What is wrong with the package name a project records. A name that only shadows what a --tracker imports
+    is not refused here: such a project still updates, and renames to a name that works."""
+    return package_name_problem(name, trackers=False)
 
 
 def _same_folder(source: str, project: Path, folder: Path) -> bool:
@@ -449,6 +459,19 @@ def files_with_markers(project: Path) -> list[str]:
     listed = git("ls-files", "-co", "--exclude-standard", "-z", cwd=project, check=False).split("\0")
     rejected = {name.removesuffix(".rej") for name in listed if name.endswith(".rej")}
     return sorted(rejected | {name for name in listed if name and _has_markers(project / name)})
+
+
+def check_no_markers(project: Path, command: str) -> None:
+    """Refuse to merge into files that still hold an earlier update's conflict markers (or `.rej` files): the new
+    merge would nest its markers inside the old ones."""
+    unfinished = files_with_markers(project)
+    if unfinished:
+        shown = ", ".join(unfinished[:3]) + (f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else "")
+        raise LooptplError(
+            f"{project} still holds an earlier update's conflict markers or .rej file ({shown}); resolve them (keep "
+            "what you need of each side and delete the marker lines, or apply the .rej by hand and delete it), "
+            f"commit, then {command}"
+        )
 
 
 def _has_markers(path: Path) -> bool:

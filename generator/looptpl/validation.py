@@ -35,6 +35,22 @@ MAJOR_MODULES = {
     "pluggy", "iniconfig", "py",
     "data", "model", "train", "config",
 }  # fmt: skip
+# What a run with --tracker wandb or --tracker mlflow imports beyond those: the tracker's package and the modules
+# it loads as it opens, logs and closes a run (MLflow on its default SQLite store). Measured with the versions the
+# test extra installs, offline; tests/test_cli.py opens each tracker and checks every module it loads is refused.
+# A package of one of these names and the installed module are one name on sys.path: the run cannot import both.
+TRACKER_MODULES = {
+    "wandb": {
+        "wandb", "annotated_types", "click", "cython_runtime", "opentelemetry", "platformdirs", "pydantic",
+        "pydantic_core", "typing_inspection", "xxhash",
+    },
+    "mlflow": {
+        "mlflow", "alembic", "annotated_doc", "annotated_types", "anyio", "cachetools", "click", "cryptography",
+        "cython_runtime", "databricks", "fastapi", "git", "gitdb", "importlib_metadata", "mako", "opentelemetry",
+        "pydantic", "pydantic_core", "smmap", "sniffio", "sqlalchemy", "sqlparse", "starlette", "typing_inspection",
+        "zipp",
+    },
+}  # fmt: skip
 
 
 def package_name_for(project_name: str) -> str:
@@ -53,8 +69,9 @@ def project_name_problem(name: str) -> str | None:
     )
 
 
-def package_name_problem(name: str) -> str | None:
-    """A package name must import cleanly and must not hide a module the project needs."""
+def package_name_problem(name: str, trackers: bool = True) -> str | None:
+    """A package name must import cleanly and must not hide a module the project needs; with `trackers`, nor one
+    that a --tracker imports (a project already named so is still updated: only its --tracker fails)."""
     if len(name) > MAX_NAME:
         return f"the package name is {len(name)} characters long; use at most {MAX_NAME}"
     if not PACKAGE_NAME.match(name):
@@ -66,6 +83,13 @@ def package_name_problem(name: str) -> str | None:
         return f"package name {name!r} is a Python keyword; choose another, e.g. {name}_model"
     if name in sys.stdlib_module_names or name in MAJOR_MODULES:
         return f"package name {name!r} would shadow the module {name!r}; choose another, e.g. {name}_project"
+    users = [f"--tracker {tracker}" for tracker, modules in TRACKER_MODULES.items() if name in modules]
+    if trackers and users:
+        verb = "imports" if len(users) == 1 else "import"
+        return (
+            f"package name {name!r} would shadow the module {name!r}, which {' and '.join(users)} {verb}; choose "
+            f"another, e.g. {name}_project"
+        )
     return None
 
 
