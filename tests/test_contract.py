@@ -210,7 +210,7 @@ def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninter
         return train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
 
     _, resumed = in_parallel(lambda: train_torch(gan, tmp_path / "straight", *GAN_RUN), stopped_and_resumed)
-    assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed.stdout
+    assert "resumed after update 27, part-way through epoch 2 (update 7 of 20)" in resumed.stdout
     assert relative_difference(trained_weights(tmp_path / "straight"), trained_weights(tmp_path / "resumed")) == 0
     assert records(tmp_path / "straight") == [
         {**record, "epoch_time_s": records(tmp_path / "straight")[index]["epoch_time_s"]}
@@ -251,13 +251,18 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
 
 def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_path):
     train_torch(tabular, tmp_path / "teacher", "--epochs", "3")
-    student = copy_project(tabular, tmp_path / "student")
-    write_blocks(student, doc_blocks("Distillation"), append=("model.py",))
-    edit(student, "optim.py", "AdamW(model.parameters()", 'AdamW(model["student"].parameters()')
-    teacher = tmp_path / "teacher" / "checkpoints" / "best.pt"
-    _, missing = in_parallel(
-        lambda: train_torch(student, tmp_path / "run", "--epochs", "3", "--teacher", str(teacher)),
-        lambda: run_failing(student, tmp_path / "missing", "--teacher", str(tmp_path / "nope.pt")),
+    # The docs' recipe, copied verbatim, on ddp and on fsdp (FSDP's sharding reads model.py, which imports checkpoint.py).
+    sharded = tmp_path / "sharded"
+    assert looptpl("new", str(sharded), "--backend", "torch", "--strategy", "fsdp", "--no-git").exit_code == 0
+    write_blocks(sharded, doc_blocks("Dict batches, two inputs, F1"))
+    for student in (copy_project(tabular, tmp_path / "student"), sharded):
+        write_blocks(student, doc_blocks("Distillation"), append=("model.py",))
+        edit(student, "optim.py", "AdamW(model.parameters()", 'AdamW(model["student"].parameters()')
+    teacher = ("--teacher", str(tmp_path / "teacher" / "checkpoints" / "best.pt"))
+    _, missing, _ = in_parallel(
+        lambda: train_torch(tmp_path / "student", tmp_path / "run", "--epochs", "3", *teacher),
+        lambda: run_failing(tmp_path / "student", tmp_path / "missing", "--teacher", str(tmp_path / "nope.pt")),
+        lambda: train_torch(sharded, tmp_path / "sharded_run", "--epochs", "1", *teacher, ranks=2),
     )
     checkpoint = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("epoch-*.pt"))[-1], weights_only=True)
     assert checkpoint["model"] and all(name.startswith("student.") for name in checkpoint["model"])

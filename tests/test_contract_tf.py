@@ -181,7 +181,7 @@ def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninter
         return train_tf(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
 
     _, resumed = in_parallel(lambda: train_tf(gan, tmp_path / "straight", *GAN_RUN), stopped_and_resumed)
-    assert "resumed from epoch 1, step 27 (update 7 of epoch 2)" in resumed
+    assert "resumed after update 27, part-way through epoch 2 (update 7 of 20)" in resumed
     assert relative_difference(tf_weights(tmp_path / "straight"), tf_weights(tmp_path / "resumed")) == 0
     timeless = [{**record, "epoch_time_s": 0} for record in records(tmp_path / "straight")]
     assert [{**record, "epoch_time_s": 0} for record in records(tmp_path / "resumed")] == timeless

@@ -139,7 +139,7 @@ def test_a_stream_trains_alike_on_one_and_two_replicas_and_resumes_exactly(strea
 
     # Stopped in the middle of the second pass and resumed: the same run, to the bit.
     output = train_tf(streamed, tmp_path / "resumed", *FLAGS, *every, "--resume", replicas=2)
-    assert "resumed from epoch 0, step 23 (update 23 of epoch 1)" in output
+    assert "resumed after update 23, part-way through epoch 1 (update 23 of 40)" in output
     assert relative_difference(tf_weights(tmp_path / "straight"), tf_weights(tmp_path / "resumed")) == 0
     straight, resumed = records(tmp_path / "straight"), records(tmp_path / "resumed")
     assert len(resumed) == 1 and resumed[0]["val_loss"] == straight[0]["val_loss"]

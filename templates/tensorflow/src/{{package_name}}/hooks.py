@@ -45,8 +45,9 @@ class Hooks:
         return {}
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        """After the epoch's record (metrics.jsonl) is logged and its checkpoint written.
-        `run.request_stop(reason)` ends the run here; from other hooks, at the next --log-every updates."""
+        """After the epoch's validation, before its record is logged (metrics.jsonl) and its checkpoint
+        written, which holds your `state_dict` as this method leaves it. `run.request_stop(reason)` ends
+        the run here; from other hooks, at the next --log-every updates."""
 
     def on_run_end(self, run: Run, summary: dict[str, Any]) -> None:
         """After the final test, with the summary that train.py writes to summary.json."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from . import data
+from . import data, distributed
 from .config import TrainConfig
 from .errors import ConfigError, DataError, user_code_error
 from .sampling import EvalBatchSampler, GlobalBatchSampler, SeededSamples
@@ -82,6 +82,22 @@ class Loaders:
         assert self.sampler is not None
         micro_batches = [self.to_device(self._next(updates)) for _ in range(self.grad_accum_steps)]
         return micro_batches, self.sampler.samples_between(update, update + 1)
+
+    def check_streams_agree(self, updates: int) -> None:
+        """With a stream, check that every rank is at the same place of it (every rank must call this).
+
+        Every rank reads the whole stream, so all are in the same pass at the same update; streams of
+        different lengths would make the ranks train on different passes, unnoticed. One tiny all-gather,
+        at log points only.
+        """
+        if self.stream is None:
+            return
+        places = distributed.all_gather(torch.tensor(self.stream.start))
+        if any(not torch.equal(place, places[0]) for place in places):
+            raise DataError(
+                f"data.py: the ranks' train streams have passes of different lengths (seen at update {updates}); "
+                "every rank must read the same items in the same order: do not shard the stream in data.py"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Where in the stream a resumed run goes on (for a map-style set, the epoch and update say it)."""
