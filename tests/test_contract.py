@@ -251,7 +251,7 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
 
 def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_path):
     train_torch(tabular, tmp_path / "teacher", "--epochs", "3")
-    # The docs' recipe, copied verbatim, on ddp and on fsdp (FSDP's sharding reads model.py, which imports checkpoint.py).
+    # The docs' recipe, copied verbatim, on ddp and on fsdp (FSDP reads model.py, which imports checkpoint.py).
     sharded = tmp_path / "sharded"
     assert looptpl("new", str(sharded), "--backend", "torch", "--strategy", "fsdp", "--no-git").exit_code == 0
     write_blocks(sharded, doc_blocks("Dict batches, two inputs, F1"))

@@ -11,6 +11,7 @@ metrics.py, optim.py, settings.py and hooks.py.
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,25 +83,7 @@ class Trainer:
             self.trained = self.stages[0].model if one else {stage.name: stage.model for stage in self.stages}
             optimizers = self.stages[0].optimizer if one else {stage.name: stage.optimizer for stage in self.stages}
             self.hooks_state = HooksState()
-            self.checkpointer = Checkpointer(
-                self.run_dir,
-                config.keep_checkpoints,
-                runtime,
-                model=self.trained,
-                # Keras keeps each dropout layer's random state in a non-trainable variable that
-                # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
-                # draws the same dropout masks as an uninterrupted one.
-                non_trainable=[variable for stage in self.stages for variable in stage.model.non_trainable_variables],
-                optimizer=optimizers,
-                epoch=self.epoch,
-                step=self.step,
-                position=self.position,
-                running=self.running,
-                early_stopping=self.early_stopping,
-                config=self.saved_config,
-                hooks=self.hooks_state,
-                **self.train_split.checkpointed(),
-            )
+            self.checkpointer = self.make_checkpointer(optimizers)
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
@@ -111,6 +94,28 @@ class Trainer:
         self.hook = HookCaller(Hooks, config, self.run)
         ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, ema)
+
+    def make_checkpointer(self, optimizers: object) -> Checkpointer:
+        """The Checkpointer of everything a resumed run needs (under the strategy's scope)."""
+        return Checkpointer(
+            self.run_dir,
+            self.config.keep_checkpoints,
+            self.runtime,
+            model=self.trained,
+            # Keras keeps each dropout layer's random state in a non-trainable variable that
+            # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
+            # draws the same dropout masks as an uninterrupted one.
+            non_trainable=[variable for stage in self.stages for variable in stage.model.non_trainable_variables],
+            optimizer=optimizers,
+            epoch=self.epoch,
+            step=self.step,
+            position=self.position,
+            running=self.running,
+            early_stopping=self.early_stopping,
+            config=self.saved_config,
+            hooks=self.hooks_state,
+            **self.train_split.checkpointed(),
+        )
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
@@ -133,13 +138,7 @@ class Trainer:
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
             count = self.train_step.updates_in_next_call(updates, epoch * self.updates_per_epoch + updates, end)
-            try:
-                totals, call_samples = self.train_step.call(batches, tf.constant(count))
-            except tf.errors.OutOfRangeError:
-                raise TrainingError(
-                    f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
-                    "data.py must give the same samples every epoch (a stream: every pass)"
-                ) from None
+            totals, call_samples = self.train_updates(batches, count, updates)
             epoch_totals, window = epoch_totals + totals, window + totals
             samples += int(call_samples)
             updates += count
@@ -154,10 +153,7 @@ class Trainer:
             # end; its epoch record logs those last updates.
             logs = updates % log_every == 0 or updates == self.updates_per_epoch or validate
             if logs or updates == end:
-                stage = self.train_step.gave_up()
-                if stage is not None:
-                    where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
-                    raise TrainingError(not_finite_message(stage, self.stages, self.config, where))
+                self.check_finite(epoch)
             if logs:
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
@@ -176,17 +172,41 @@ class Trainer:
                     self.progress.finish()
                     self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {in_run}"
                     return None
-        self.progress.finish()
         self.running.assign(tf.stack([epoch_totals, window]))
-        if updates == self.updates_per_epoch:
-            self.position.assign(0)
-        elif updates > first:  # the run ends here, part-way through the epoch
-            self.save_within_epoch(epoch, updates)
         self.samples_trained += samples
         self.train_split.check_trained(samples, first, end)
-        result = mean_losses(self.stages, epoch_totals.numpy())
+        return self.end_epoch(epoch, first, updates)
+
+    def train_updates(self, batches: Iterator[Any], count: int, updates: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """The next `count` updates, from update `updates` of the epoch, in one call of train_step.py:
+        their loss totals and their samples."""
+        try:
+            return self.train_step.call(batches, tf.constant(count))
+        except tf.errors.OutOfRangeError:
+            raise TrainingError(
+                f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
+                "data.py must give the same samples every epoch (a stream: every pass)"
+            ) from None
+
+    def check_finite(self, epoch: int) -> None:
+        """Stop the run when --nan-policy gave up on a NaN/inf loss (on every worker alike)."""
+        stage = self.train_step.gave_up()
+        if stage is not None:
+            where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
+            raise TrainingError(not_finite_message(stage, self.stages, self.config, where))
+
+    def end_epoch(self, epoch: int, first: int, updates: int) -> dict[str, float]:
+        """The epoch's mean training loss of each stage (and the skipped updates), after update `updates`;
+        a run that ends part-way through the epoch is checkpointed here, before fit validates."""
+        self.progress.finish()
+        if updates == self.updates_per_epoch:
+            self.position.assign(0)
+        elif updates > first:
+            self.save_within_epoch(epoch, updates)
+        totals = self.running[0].numpy()
+        result = mean_losses(self.stages, totals)
         if self.config.nan_policy == "skip":
-            result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
+            result["skipped_updates"] = int(totals[:, 3].max())
         return result
 
     def save_within_epoch(self, epoch: int, updates: int) -> None:

@@ -154,16 +154,21 @@ class Trainer:
                     self.progress.finish()
                     self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {updates}"
                     return None
-        self.progress.finish()
         self.running = {"totals": epoch_totals, "window": window, "skipped": skipped}
+        self.samples_trained += epoch_samples
+        return self.end_epoch(epoch, first, done)
+
+    def end_epoch(self, epoch: int, first: int, done: int) -> dict[str, float]:
+        """The epoch's mean training loss of each stage, after update `done`; a run that ends part-way
+        through the epoch is checkpointed here, before fit validates."""
+        self.progress.finish()
         if done == self.updates_per_epoch:
             self.position = 0
-        elif done > first:  # the run ends here, part-way through the epoch
+        elif done > first:
             self.save_within_epoch(epoch, done)
-        self.samples_trained += epoch_samples
-        result = mean_losses("train", self.stages, distributed.all_reduce_sum(epoch_totals).tolist())
+        result = mean_losses("train", self.stages, distributed.all_reduce_sum(self.running["totals"]).tolist())
         if self.stages[0].nan_guard.skips_updates:
-            result["skipped_updates"] = skipped
+            result["skipped_updates"] = self.running["skipped"]
         return result
 
     def save_within_epoch(self, epoch: int, done: int) -> None:
