@@ -30,6 +30,10 @@ class ConfigError(RunError):
     exit_code = 2
 
 
+class TrackerError(ConfigError):
+    """A --tracker that cannot start, or its tracker.json: raised where it logs, by the chief alone."""
+
+
 class DataError(RunError):
     """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
 
@@ -75,3 +79,24 @@ def user_code_error(error: Exception, doing: str) -> Exception:
     if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
         return type(error)(f"{mine[-1]}: {error}")
     return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")
+
+
+def import_failure(error: Exception) -> str | None:
+    """One line for an error raised as train.py imported this package, so your files: a syntax error's
+    file and line, a name the template imports but a file lacks, or the line of yours that raised;
+    None for an error of the template's own code."""
+    package = Path(__file__).parent
+    if isinstance(error, SyntaxError) and error.filename and package in Path(error.filename).parents:
+        file = Path(error.filename).relative_to(package)
+        return (
+            f"{file}:{error.lineno}: {type(error).__name__}: {error.msg}; fix this line "
+            "(python -m compileall -q src lists any others)"
+        )
+    if isinstance(error, ImportError) and error.path and Path(error.path).parent == package:  # a name gone
+        message = (error.msg or "").partition(" (")[0]
+        return f"{Path(error.path).name}: {message}; the template's code imports that name from there, so keep it"
+    mine = in_your_files((Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__))
+    if not mine:
+        return None
+    message = str(error).strip().partition("\n")[0]
+    return f"{mine[-1]} failed on import: {type(error).__name__}: {message}"
