@@ -11,7 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import answers, looptpl, records, relative_difference, run, train_torch, trained_weights
+from conftest import (
+    answers,
+    copy_project,
+    edit,
+    looptpl,
+    records,
+    relative_difference,
+    run,
+    train_torch,
+    trained_weights,
+)
 from torch.utils.data import DataLoader, IterableDataset
 
 STREAMED_DATA = '''
@@ -213,3 +223,20 @@ def test_a_stream_without_max_steps_is_refused_in_one_line(streamed, tmp_path):
         "data.py's train set is a stream (an IterableDataset) of unknown length: train it for --max-steps"
         in result.stdout
     )
+
+
+def test_streams_of_different_lengths_on_the_ranks_stop_the_run_in_one_line(streamed, tmp_path):
+    # Rank 1's stream yields 500 of the 1003 items: it starts its second pass at update 8, while rank 0
+    # is half-way through its first. The ranks would train on different data; the run stops at its next log.
+    project = copy_project(streamed, tmp_path / "unequal")
+    short = "for index in order.tolist()[: 500 if os.environ.get('RANK') == '1' else None]:"
+    edit(project, "data.py", "for index in order.tolist():", short)
+    iterator = "from collections.abc import Iterator\n"
+    edit(project, "data.py", iterator, "import os\n" + iterator)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    module = ["-m", "streamed.train", "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--log-every", "5"]
+    environment = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+    result = run([*launcher, *module, *FLAGS], cwd=project, env=environment)
+    assert result.returncode != 0
+    assert "data.py: the ranks' train streams have passes of different lengths (seen at update 10)" in result.stdout
+    assert str(project / "src") not in result.stdout  # no traceback through the project's code (torchrun has its own)

@@ -166,11 +166,14 @@ def _record(path: Path, number: int, line: bytes) -> dict[str, Any]:
 def _replace(path: Path, text: str) -> None:
     """Write `path` anew in one step: to a temporary file, flushed to disk, then renamed over it."""
     written = path.with_name(path.name + ".tmp")
-    with written.open("w", newline="") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(written, path)
+    try:
+        with written.open("w", newline="") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(written, path)
+    finally:
+        written.unlink(missing_ok=True)
 
 
 def _tensorboard_writer(log_dir: Path) -> Any:
