@@ -23,7 +23,7 @@ from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .ema import WeightAverage
-from .errors import ConfigError, RunError, TrainingError
+from .errors import ConfigError, RunError, TrainingError, in_your_code
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .logs import MetricLogger, ProgressBar
@@ -58,7 +58,8 @@ class Trainer:
         # Everything that holds variables is created under the strategy's scope, which places each
         # variable (a copy on each replica's device, kept in sync) and ties it to the strategy.
         with self.strategy.scope():
-            self.models = build_model(config)
+            with in_your_code("building the model"):
+                self.models = build_model(config)
             # Models without trainable weights (a distillation teacher) are only run: no optimizer,
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
@@ -66,9 +67,11 @@ class Trainer:
             self.updates_per_epoch = self.train_split.updates_per_epoch
             self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
-            schedule = build_schedule(config, self.total_updates)
+            with in_your_code("building the schedule"):
+                schedule = build_schedule(config, self.total_updates)
             # One stage per optimizer, each updating the model of the same name (stages.py).
-            self.stages = build_stages(build_optimizer(config, schedule), trained, config)
+            with in_your_code("building the optimizer"):
+                self.stages = build_stages(build_optimizer(config, schedule), trained, config)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
             # Written part-way through an epoch: its updates done, and its running totals (train_epoch).

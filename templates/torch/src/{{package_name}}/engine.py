@@ -25,7 +25,7 @@ from .checkpoint import Checkpointer
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .ema import WeightAverage
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, in_your_code, several_models_hint
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .loaders import Loaders
@@ -60,11 +60,13 @@ class Trainer:
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
         # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
         trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
-        optimizers = build_optimizer(trained_view, config)
+        with in_your_code("building the optimizer", hint=several_models_hint(trained_view)):
+            optimizers = build_optimizer(trained_view, config)
         self.updates_per_epoch = self.loaders.updates_per_epoch
         self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
         self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last one may be partial
-        schedulers = build_scheduler(optimizers, config, self.total_updates)
+        with in_your_code("building the schedule"):
+            schedulers = build_scheduler(optimizers, config, self.total_updates)
         self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
         # What the checkpoints hold: the trained weights, without the frozen models.
         self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
