@@ -254,7 +254,11 @@ def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_p
     # The docs' recipe, copied verbatim, on ddp and on fsdp (FSDP reads model.py, which imports checkpoint.py).
     sharded = tmp_path / "sharded"
     assert looptpl("new", str(sharded), "--backend", "torch", "--strategy", "fsdp", "--no-git").exit_code == 0
+    template_model = (sharded / "src" / "sharded" / "model.py").read_text()
     write_blocks(sharded, doc_blocks("Dict batches, two inputs, F1"))
+    # FSDP's model.py also says how to shard: the template's default shard_units, kept.
+    shard_units = template_model[template_model.index("def shard_units") :]
+    write_blocks(sharded, {"model.py": shard_units}, append=("model.py",))
     for student in (copy_project(tabular, tmp_path / "student"), sharded):
         write_blocks(student, doc_blocks("Distillation"), append=("model.py",))
         edit(student, "optim.py", "AdamW(model.parameters()", 'AdamW(model["student"].parameters()')
