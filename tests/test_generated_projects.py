@@ -264,10 +264,27 @@ def test_backend_twins_stay_identical(path):
 
 # Backend-neutral functions and classes inside files that differ between the backends: the same text in both.
 SHARED_DEFINITIONS = {
-    "src/{{package_name}}/logs.py": ["MetricLogger", "ProgressBar", "_numbers", "_read_jsonl", "_format"],
+    "src/{{package_name}}/logs.py": [
+        "MetricLogger",
+        "ProgressBar",
+        "_numbers",
+        "_write_row",
+        "_read_jsonl",
+        "_record",
+        "_replace",
+        "_format",
+    ],
     "src/{{package_name}}/collect.py": ["evaluation"],
     "src/{{package_name}}/config.py.jinja": ["check_resumable", "flag", "parse_config", "_number"],
-    "src/{{package_name}}/errors.py": ["ConfigError", "TrainingError", "CheckpointError"],
+    "src/{{package_name}}/errors.py": [
+        "ConfigError",
+        "TrainingError",
+        "CheckpointError",
+        "in_your_files",
+        "import_failure",
+        "three_datasets",
+        "in_your_code",
+    ],
     "src/{{package_name}}/evaluation.py": ["finite_or_raise"],
 }
 
