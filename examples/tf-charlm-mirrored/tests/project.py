@@ -32,11 +32,13 @@ def updates_per_epoch(global_batch_size: int = 40) -> int:
     return math.ceil(split_sizes()[0] / global_batch_size)
 
 
-def resumed_message(step: int) -> str:
-    """What a run resumed from a checkpoint after update `step` prints, with TRAIN_FLAGS' batches."""
-    epochs, update = divmod(step, updates_per_epoch())
-    within = f" (update {update} of epoch {epochs + 1})" if update else ""  # none at an epoch's end
-    return f"resumed from epoch {epochs}, step {step}{within}"
+def resumed_message(updates: int, global_batch_size: int = 40) -> str:
+    """What a run resumed from a checkpoint written after update `updates` prints (TRAIN_FLAGS' batches)."""
+    per_epoch = updates_per_epoch(global_batch_size)
+    epochs, update = divmod(updates, per_epoch)
+    if update:
+        return f"resumed after update {updates}, part-way through epoch {epochs + 1} (update {update} of {per_epoch})"
+    return f"resumed after update {updates}, the end of epoch {epochs}"
 
 
 def monitored_improved(records: list[dict[str, Any]]) -> bool:

@@ -103,13 +103,14 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 
 def final_weights(run_dir: Path) -> dict[str, np.ndarray]:
-    """Every number in the newest epoch checkpoint: weights, optimizer state, counters."""
+    """Every number in the newest epoch checkpoint: weights, optimizer state, counters (not the epoch's
+    running loss sums, which metrics.jsonl holds)."""
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
     return {
         name: reader.get_tensor(name)
         for name, dtype in reader.get_variable_to_dtype_map().items()
         if dtype.is_floating or dtype.is_integer
-        if not name.startswith("save_counter")
+        if not name.startswith(("save_counter", "running/"))
     }
 
 

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 from conftest import edited_sources, finish, run_training, start_training, summary
+from project import split_sizes
 
 from gan_mirrored.config import TrainConfig, parse_config
 from gan_mirrored.errors import ConfigError
@@ -32,6 +33,13 @@ MISTAKES = {
         "return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(targets, outputs, from_logits=True))",
     ),
     "metric_named_loss": ("metrics.py", 'return {"accuracy": ', 'return {"loss": '),
+    "integer_loss": (
+        "loss.py",
+        "return keras.losses.sparse_categorical_crossentropy(targets, tf.cast(outputs, tf.float32), from_logits=True)",
+        "return tf.cast(tf.argmax(outputs, axis=-1, output_type=tf.int32) != targets, tf.int32)",
+    ),
+    "two_datasets": ("data.py", SPLITS, "    return make_split(1007), make_split(251)"),
+    "optimizer_typo": ("optim.py", "weight_decay=config.weight_decay,", "weight_decay=config.weight_decays,"),
     "nan_test_data": (
         "data.py",
         SPLITS,
@@ -94,6 +102,8 @@ def mistakes(tmp_path_factory):
                 skipped[name] = skip
                 continue
             started[name] = start_training(root / name, *ONE_EPOCH, *MISTAKE_FLAGS.get(name, ()), sources=sources)
+    too_large = str(2 * split_sizes()[0])
+    started["too_large_batch"] = start_training(root / "too_large_batch", "--global-batch-size", too_large)
     return root, {**{name: finish(training, expect_success=False) for name, training in started.items()}, **skipped}
 
 
@@ -126,6 +136,13 @@ def test_bad_flag_values_are_one_line(flags, message, capsys):
         parse_config(list(flags))
     assert exit_status.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_global_batch_larger_than_the_train_set_is_refused(mistakes):
+    result = outcome(mistakes, "too_large_batch")
+    assert result.returncode == 2 and "Traceback" not in result.stdout
+    expected = f"--global-batch-size {2 * split_sizes()[0]} is larger than the train set ({split_sizes()[0]} samples)"
+    assert expected + "; lower it, or add data" in result.stdout
 
 
 def test_a_wrong_input_shape_names_the_file_to_fix(mistakes):
@@ -162,6 +179,24 @@ def test_an_averaged_loss_is_refused(mistakes):
     result = outcome(mistakes, "averaged_loss")
     assert result.returncode == 1 and "Traceback" not in result.stdout
     assert "step.py:" in result.stdout and "Mean() takes one value per sample" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("integer_loss", r"the 'model' loss from train_step is int32, which has no gradient; return a floating "),
+        ("two_datasets", r"data\.py: build_datasets must return \(train, val, test\) datasets, got a tuple of 2$"),
+        (
+            "optimizer_typo",
+            r"optim\.py:\d+ failed building the optimizer: AttributeError: 'TrainConfig' object has no attribute "
+            r"'weight_decays'$",
+        ),
+    ],
+)
+def test_a_wrong_value_from_a_user_file_is_one_line(mistakes, name, message):
+    result = outcome(mistakes, name)
+    assert result.returncode == 1 and "Traceback" not in result.stdout
+    assert re.search("^error: " + message, result.stdout, re.MULTILINE), result.stdout
 
 
 def test_a_metric_named_loss_is_refused(mistakes):
@@ -207,6 +242,13 @@ CONFIG_FILE_MISTAKES = {
     'config = "other.toml"': "a config file cannot name another",
     "global-batch-size = 32\nglobal_batch_size = 64": "'global-batch-size' and 'global_batch_size' set the same flag",
     "epochs = ": "is not valid TOML",
+    "lr = 1e400": "lr must be a finite number, got inf",
+    f"lr = 1{'0' * 400}": "lr is too large for a float (over 1.8e308)",
+    f"epochs = 1{'0' * 400}": "epochs is past the range of TOML's 64-bit integers",
+    'monitor = "val\\u0000loss"': "monitor holds a NUL character",
+    "epochs = -1": "epochs must be at least 1, got -1",
+    "global-batch-size = 0": "global-batch-size must be at least 1, got 0",
+    'run_dir = ""': "run_dir is empty: the run would go into the current folder; name a folder",
 }
 
 
@@ -229,8 +271,19 @@ def test_a_mistake_in_a_config_file_is_one_line_naming_the_file(tmp_path, capsys
     with pytest.raises(SystemExit) as exit_status:
         parse_config(["--config", str(path)])
     assert exit_status.value.code == 2
-    error = capsys.readouterr().err
-    assert f"{path}" in error and message in error and "Traceback" not in error
+    [error] = capsys.readouterr().err.splitlines()  # one line: no usage block, no traceback
+    assert error.startswith(f"error: {path}: ") or error.startswith(f"error: --config {path} "), error
+    assert message in error
+
+
+def test_a_config_file_that_is_not_utf8_names_its_line(tmp_path, capsys):
+    path = tmp_path / "base.toml"
+    path.write_bytes(b'epochs = 3\nmonitor = "caf\xe9"\n')  # Latin-1, as some editors save
+    with pytest.raises(SystemExit) as exit_status:
+        parse_config(["--config", str(path)])
+    assert exit_status.value.code == 2
+    [error] = capsys.readouterr().err.splitlines()
+    assert error == f"error: --config {path}: line 2 is not UTF-8 text (byte 0xe9); save the file as UTF-8"
 
 
 def test_a_missing_config_file_is_named(tmp_path, capsys):

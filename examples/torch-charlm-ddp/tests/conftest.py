@@ -211,6 +211,12 @@ class Hooks:
 
     def on_epoch_end(self, run, record):
         self.record(run, "epoch_end", record["epoch"])
+        if run.is_main:  # what rank 0 has written yet: the epochs logged, and this epoch's checkpoint
+            logged = Path(self.config.run_dir) / "metrics.jsonl"
+            logged = len(logged.read_text().splitlines()) if logged.exists() else 0
+            written = any(Path(self.config.run_dir, "checkpoints").glob(f"epoch-{record['epoch']:04d}.*"))
+            with (Path(self.config.run_dir) / "on-epoch-end.jsonl").open("a") as file:
+                file.write(json.dumps([record["epoch"], logged, written]) + "\\n")
 
     def on_run_end(self, run, summary):
         self.record(run, "run_end", summary["steps"])
@@ -252,6 +258,15 @@ def step_records(run_dir: Path) -> list[dict[str, Any]]:
 
 def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def damage(checkpoint: Path) -> None:
+    """Flip one bit in the middle of a checkpoint (of the largest file of a folder), as a bad disk might:
+    the file keeps its size and still loads, with a wrong number in it."""
+    path = max(checkpoint.iterdir(), key=lambda file: file.stat().st_size) if checkpoint.is_dir() else checkpoint
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0x10
+    path.write_bytes(bytes(content))
 
 
 def newest_checkpoint(run_dir: Path) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """Two ranks train exactly like one rank with the same global batch (gloo on the CPU)."""
 
 import os
+import signal
 import stat
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import (
     PROJECT_ROOT,
+    RUN_TIMEOUT_S,
     assert_same_metrics,
     assert_same_weights,
+    damage,
     edited_sources,
     final_average,
     final_weights,
@@ -26,7 +31,7 @@ from conftest import (
     summary,
     training_command,
 )
-from project import split_sizes
+from project import resumed_message, split_sizes, updates_per_epoch
 
 from charlm_ddp.checkpoint import checkpoints_in
 
@@ -49,14 +54,19 @@ def runs(tmp_path_factory):
         # Rank 1 alone asks to stop at update 7; with --log-every 4 both ranks end epoch 1 after update 8.
         "hooked": start_training(root / "hooked", "--epochs", "3", "--log-every", "4", ranks=2, sources=hooked),
         "two_then_one": start_training(root / "two_then_one", *EPOCHS, "--stop-after-epoch", "1", ranks=2),
+        # Stopped after epoch 2, then resumed on 2 ranks once a bit of its newest checkpoint flipped on disk.
+        "damaged": start_training(root / "damaged", *EPOCHS, "--stop-after-epoch", "2", ranks=2),
         "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", ranks=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2),
     }
     # "two_then_one" ends first, and is resumed on 1 rank while the others go on.
     results = {"two_then_one": finish(started.pop("two_then_one"))}
-    resume = start_training(root / "two_then_one", *EPOCHS, "--resume")
+    resumed = {"resume_on_one": start_training(root / "two_then_one", *EPOCHS, "--resume")}
+    results["damaged"] = finish(started.pop("damaged"))
+    damage(checkpoints_in(root / "damaged" / "checkpoints")[-1])
+    resumed["damaged_resume"] = start_training(root / "damaged", *EPOCHS, "--resume", ranks=2)
     results |= {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
-    results["resume_on_one"] = finish(resume)
+    results |= {name: finish(training) for name, training in resumed.items()}
     return root, results
 
 
@@ -93,11 +103,25 @@ def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_
     run_training(tmp_path / "resumed", *background, "--stop-after-step", "23", ranks=2, sources=sources)
     result = run_training(tmp_path / "resumed", *background, "--resume", ranks=2, sources=sources)
     finish(straight)
-    assert "resumed from epoch 1, step 23 (update 7 of epoch 2)" in result.stdout
+    assert resumed_message(23) in result.stdout
     assert not list((tmp_path / "resumed").rglob("*.tmp"))
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "resumed")
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_kept_aside_and_written_again(runs):
+    # "damaged" stopped after epoch 2 of 3; then one bit of its newest checkpoint flipped, which still loads.
+    # Its checksum refuses it, both ranks resume from epoch 1 and write epoch 2 again, and the run ends
+    # like an uninterrupted one.
+    root, results = runs
+    output = results["damaged_resume"].stdout
+    newest = root / "damaged" / "checkpoints" / f"epoch-0002{'.dcp' if '.dcp' in output else '.pt'}"
+    assert f"warning: skipping unreadable checkpoint {newest} (" in output and "is damaged" in output
+    assert resumed_message(updates_per_epoch()) in output and "Traceback" not in output
+    assert [path.name for path in (newest.parent / "damaged").iterdir()] == [newest.name]
+    assert_same_weights(final_weights(root / "two"), final_weights(root / "damaged"))
+    assert metrics(root / "two") == metrics(root / "damaged")
 
 
 def test_hooks_run_alike_on_every_rank_and_a_stop_asked_on_one_rank_stops_all(runs):
@@ -195,7 +219,7 @@ def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_p
         "1",
     )
     result = run_training(tmp_path / "run", *EPOCHS, "--checkpoint-every", "5", sources=sources, launcher=torchrun)
-    assert "resumed from epoch 2, step 40 (update 8 of epoch 3)" in result.stdout
+    assert resumed_message(40) in result.stdout
     assert_same_weights(final_weights(root / "two"), final_weights(tmp_path / "run"))
     assert metrics(root / "two") == metrics(tmp_path / "run")
 
@@ -223,11 +247,19 @@ def test_two_nodes_train_like_one_node(runs, tmp_path):
     assert_same_weights(final_weights(root / "two"), final_weights(tmp_path / "run"))
 
 
-def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, from /proc (Linux)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = [int(child) for child in children.read_text().split()] if children.exists() else []
+    return [grandchild for child in found for grandchild in [child, *descendants(child)]]
+
+
+def test_the_slurm_script_starts_torchrun_on_every_node_and_a_sigterm_ends_the_job_with_143(tmp_path):
     # Stand-ins for Slurm's commands: srun runs the command once, as on a one-node allocation.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in {"srun": 'exec "$@"', "scontrol": "echo localhost"}.items():
+    srun = 'echo $$ > "$TASK_PID_FILE"; exec "$@"'  # the task keeps srun's process id
+    for name, body in {"srun": srun, "scontrol": "echo localhost"}.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(stat.S_IRWXU)
     script = PROJECT_ROOT / "scripts" / "slurm.sbatch"
@@ -241,12 +273,22 @@ def test_the_slurm_script_starts_torchrun_on_every_node(tmp_path):
         "GPUS_PER_NODE": "2",
         "RDZV_PORT": str(free_port()),
         "RUN_DIR": str(run_dir),
+        "TASK_PID_FILE": str(tmp_path / "task.pid"),
     }
-    flags = ["--device", "cpu", "--no-progress", "--epochs", "2", "--stop-after-epoch", "1"]
-    finish(start(["bash", str(script), *flags], tmp_path / "job.log", **environment))
-    assert [path.stem for path in checkpoints_in(run_dir / "checkpoints")] == ["epoch-0001"]
+    flags = ["--device", "cpu", "--no-progress", "--epochs", "2", "--log-every", "1"]
+    job = start(["bash", str(script), *flags], tmp_path / "job.log", **environment)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (run_dir / "steps.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Slurm's --signal: SIGTERM to every process of the job step (the task, torchrun, the ranks).
+    task = int((tmp_path / "task.pid").read_text())
+    for pid in [task, *descendants(task)]:
+        os.kill(pid, signal.SIGTERM)
+    stopped = finish(job, expect_success=False)
+    assert stopped.returncode == 143, stopped.stdout[-3000:]
+    assert "stopped by SIGTERM after update" in stopped.stdout
     # Run again, as a requeued job would: it resumes instead of refusing the existing run.
     environment["RDZV_PORT"] = str(free_port())
-    result = finish(start(["bash", str(script), *flags[:-2]], tmp_path / "requeued.log", **environment))
-    assert "resumed from epoch 1" in result.stdout
+    result = finish(start(["bash", str(script), *flags], tmp_path / "requeued.log", **environment))
+    assert "resumed after update" in result.stdout
     assert summary(run_dir)["epochs_run"] == 2

@@ -1,5 +1,7 @@
 """hooks.py: its methods run in order, add values, keep their state over a resume, stop the run."""
 
+import json
+
 import pytest
 from conftest import (
     edited_sources,
@@ -48,6 +50,9 @@ def test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume(hooked
                 expected.append(["log", (epoch - 1) * per_epoch + done])
         expected += [["evaluation", "val"], ["epoch_end", epoch]]
     assert hook_calls(hooked_runs / "straight") == [*expected, ["evaluation", "test"], ["run_end", 2 * per_epoch]]
+    # on_epoch_end comes before the epoch is logged and checkpointed, as hooks.py says: [epoch, logged, checkpointed].
+    seen = (hooked_runs / "straight" / "on-epoch-end.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in seen] == [[1, 0, False], [2, 1, False]]
     monitor = project_settings().monitor  # the hooks double it: val_loss, unless settings.py names another
     for record in metrics(hooked_runs / "straight"):
         assert record[f"{monitor}_doubled"] == 2 * record[monitor]
@@ -69,11 +74,18 @@ def test_a_hook_ends_the_run_at_the_next_log_boundary(hooked_runs):
     assert hook_calls(run_dir)[-1] == ["run_end", 8]
 
 
-def test_a_mistake_in_a_hook_is_one_line(tmp_path):
-    # after_evaluation returns a value under a name the results already hold.
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        # A value under a name the results already hold, and a value the logs cannot hold.
+        ("{'val_samples': 0}", "hooks.py: after_evaluation must return a dict of new names, got ['val_samples']"),
+        ("{'note': 'ok'}", "hooks.py: after_evaluation must return numbers, got 'note': str; return float(...) of it"),
+    ],
+)
+def test_a_mistake_in_a_hook_is_one_line(tmp_path, returned, message):
     last_return = "        return {}\n\n    def on_epoch_end"
-    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", "{'val_samples': 0}"))
+    sources = edited_sources(tmp_path, "hooks.py", last_return, last_return.replace("{}", returned))
     result = run_training(tmp_path / "run", "--epochs", "1", sources=sources, expect_success=False)
     assert result.returncode == 1
-    assert "hooks.py: after_evaluation must return a dict of new names, got ['val_samples']" in result.stdout
+    assert message in result.stdout
     assert "Traceback" not in result.stdout

@@ -1,9 +1,12 @@
 """--tracker: Weights & Biases and MLflow get every record, offline, and a resumed run continues
 the same tracker run. The metric logger is driven here directly, as the engine drives it."""
 
+import errno
 import importlib.machinery
 import importlib.util
+import os
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -11,8 +14,9 @@ from typing import Any
 import pytest
 
 from charlm_ddp.config import parse_config
-from charlm_ddp.errors import ConfigError
+from charlm_ddp.errors import ConfigError, RunError
 from charlm_ddp.logs import MetricLogger
+from charlm_ddp.trackers import open_tracker
 
 STEP_RECORD = {"epoch": 1, "step": 10, "train_loss": 1.25, "lr": 0.002}
 EPOCH_1 = {"epoch": 1, "train_loss": 1.0, "val_loss": 0.75, "step": 16, "lr": 0.001, "epoch_time_s": 0.5}
@@ -83,6 +87,54 @@ def test_a_tracker_without_its_package_is_refused_before_the_run(monkeypatch, ca
     with pytest.raises(SystemExit):
         parse_config(["--tracker", "mlflow"])
     assert '--tracker mlflow needs the mlflow package: pip install -e ".[mlflow]"' in capsys.readouterr().err
+
+
+def test_a_damaged_tracker_json_is_named_not_blamed_on_the_tracker(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb())
+    (tmp_path / "tracker.json").write_text('{"wandb": "0123')  # cut short
+    with pytest.raises(RunError) as error:
+        open_tracker("wandb", tmp_path, "charlm_ddp", {})
+    assert str(error.value).startswith(f"{tmp_path / 'tracker.json'} is damaged (not a JSON object of run ids)")
+
+
+def test_tracker_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A disk that fills up while tracker.json is written leaves the file as it was."""
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb())
+    saved = '{"mlflow": "0123"}\n'
+    (tmp_path / "tracker.json").write_text(saved)
+    write_text = Path.write_text
+
+    def half_then_full(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        write_text(path, text[: len(text) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(RunError):
+        open_tracker("wandb", tmp_path, "charlm_ddp", {})
+    monkeypatch.undo()
+    assert (tmp_path / "tracker.json").read_text() == saved
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason='needs mlflow: pip install -e ".[mlflow]"')
+def test_an_unreachable_mlflow_server_fails_within_seconds_naming_it(tmp_path, monkeypatch):
+    # This machine's discard port, where nothing listens; MLflow alone would retry it for about 4 minutes.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    errors: list[str] = []
+
+    def start() -> None:
+        try:
+            open_tracker("mlflow", tmp_path, "charlm_ddp", {})
+        except ConfigError as error:
+            errors.append(str(error))
+
+    attempt = threading.Thread(target=start, daemon=True)  # left behind if it still retries
+    attempt.start()
+    attempt.join(timeout=30)
+    assert errors, "--tracker mlflow still tries http://127.0.0.1:9 after 30 s"
+    assert errors[0].startswith("--tracker mlflow cannot use the server at MLFLOW_TRACKING_URI=http://127.0.0.1:9 (")
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the quick check's settings are gone again
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason='needs wandb: pip install -e ".[wandb]"')

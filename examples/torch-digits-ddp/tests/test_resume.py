@@ -15,8 +15,9 @@ from conftest import (
     sources_with_dropout,
     sources_with_random_augmentation,
     start_training,
+    summary,
 )
-from project import final_test
+from project import final_test, resumed_message, updates_per_epoch
 
 
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
@@ -75,3 +76,27 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(
     finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
+
+
+def test_a_run_goes_on_from_the_updates_it_has_done_whatever_flags_led_there(tmp_path):
+    # A run's place is the number of updates it has done, whether it got there by --max-steps, --epochs,
+    # --stop-after-step or --checkpoint-every. A constant learning rate does not depend on the run's length,
+    # so a run extended several times ends exactly like one run straight to its end.
+    per_epoch, constant = updates_per_epoch(), ("--schedule", "constant")
+    straight = start_training(tmp_path / "straight", "--epochs", "3", *constant)  # meanwhile, to compare with
+    chain = tmp_path / "chain"
+    run_training(chain, "--max-steps", "4", *constant)  # ends part-way through epoch 1: validated and tested
+    refused = run_training(chain, "--max-steps", "3", "--resume", *constant, expect_success=False)
+    assert refused.returncode == 2 and "has done 4 updates, more than --max-steps 3 asks for" in refused.stdout
+    longer = ("--max-steps", str(per_epoch + 6), "--checkpoint-every", "3", *constant)
+    stopped = run_training(chain, *longer, "--stop-after-step", str(per_epoch + 2), "--resume")
+    assert resumed_message(4) in stopped.stdout
+    assert f"stopped after update {per_epoch + 2}, checkpointed" in stopped.stdout
+    ended = run_training(chain, *longer, "--resume")  # ends part-way through epoch 2
+    assert resumed_message(per_epoch + 2) in ended.stdout and summary(chain)["steps"] == per_epoch + 6
+    finished = run_training(chain, "--epochs", "3", *constant, "--resume")
+    assert resumed_message(per_epoch + 6) in finished.stdout
+    finish(straight)
+    assert summary(chain)["steps"] == summary(tmp_path / "straight")["steps"] == 3 * per_epoch
+    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(chain))
+    assert metrics(tmp_path / "straight") == metrics(chain)

@@ -16,6 +16,7 @@ from conftest import (
     PROJECT_ROOT,
     assert_same_metrics,
     assert_same_weights,
+    damage,
     final_weights,
     finish,
     metrics,
@@ -30,6 +31,7 @@ from project import (
     losses,
     monitored_improved,
     project_settings,
+    resumed_message,
     split_sizes,
     updates_per_epoch,
 )
@@ -66,8 +68,7 @@ def runs(tmp_path_factory):
     }
     # The stopped runs end first, and are resumed while the others go on.
     results = {name: finish(started.pop(name)) for name in ("crashed", "changed_lr", "changed_model")}
-    newest = root / "crashed" / "checkpoints" / "epoch-0002.pt"
-    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk lost the end of the file
+    damage(root / "crashed" / "checkpoints" / "epoch-0002.pt")  # one bit flipped: it still loads
     resumed = {
         "crashed_resume": start_training(root / "crashed", "--epochs", "3", "--resume"),
         "lr_refused": start_training(root / "changed_lr", "--epochs", "2", "--resume", "--lr", "1e-5"),
@@ -228,11 +229,13 @@ def test_a_finished_run_is_not_overwritten(runs):
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(runs):
-    # "crashed" stopped after epoch 2 of 3; the end of epoch-0002.pt was cut off before its resume.
+    # "crashed" stopped after epoch 2 of 3; then one bit of epoch-0002.pt flipped on disk before its resume.
+    # Its checksum refuses it (it is kept in checkpoints/damaged/), and the run goes on from epoch 1.
     root, results = runs
     result = results["crashed_resume"]
-    assert "skipping unreadable checkpoint" in result.stdout
-    assert "resumed from epoch 1" in result.stdout
+    assert "skipping unreadable checkpoint" in result.stdout and "is damaged" in result.stdout
+    assert resumed_message(updates_per_epoch()) in result.stdout
+    assert (root / "crashed" / "checkpoints" / "damaged" / "epoch-0002.pt").is_file()
     assert_same_weights(final_weights(root / "reference"), final_weights(root / "crashed"))
 
 

@@ -32,6 +32,15 @@ def updates_per_epoch(global_batch_size: int | None = None) -> int:
     return math.ceil(split_sizes()[0] / (global_batch_size or project_settings().global_batch_size))
 
 
+def resumed_message(updates: int, global_batch_size: int | None = None) -> str:
+    """What a run resumed from a checkpoint written after update `updates` prints."""
+    per_epoch = updates_per_epoch(global_batch_size)
+    epochs, update = divmod(updates, per_epoch)
+    if update:
+        return f"resumed after update {updates}, part-way through epoch {epochs + 1} (update {update} of {per_epoch})"
+    return f"resumed after update {updates}, the end of epoch {epochs}"
+
+
 def monitored_improved(records: list[dict[str, Any]]) -> bool:
     """Whether the --monitor metric (val_loss, unless settings.py names another) ended better than epoch 1."""
     settings = project_settings()

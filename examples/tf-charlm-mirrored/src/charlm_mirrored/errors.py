@@ -4,10 +4,12 @@ train.py turns each into one message and an exit code; the message names the fla
 to change.
 """
 
+import contextlib
 import re
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 class RunError(Exception):
@@ -28,6 +30,10 @@ class ConfigError(RunError):
     """A flag value that cannot work."""
 
     exit_code = 2
+
+
+class TrackerError(ConfigError):
+    """A --tracker that cannot start, or its tracker.json: raised where it logs, by the chief alone."""
 
 
 class DataError(RunError):
@@ -75,3 +81,53 @@ def user_code_error(error: Exception, doing: str) -> Exception:
     if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
         return type(error)(f"{mine[-1]}: {error}")
     return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")
+
+
+def three_datasets(returned: object) -> tuple[Any, Any, Any]:
+    """data.py's (train, val, test), or a DataError saying what build_datasets returned instead."""
+    if isinstance(returned, tuple | list) and len(returned) == 3:
+        return returned[0], returned[1], returned[2]
+    if returned is None:
+        got = "None"
+    elif isinstance(returned, tuple | list | dict):
+        got = f"a {type(returned).__name__} of {len(returned)}"
+    else:
+        got = f"a {type(returned).__name__}"
+    raise DataError(f"data.py: build_datasets must return (train, val, test) datasets, got {got}")
+
+
+@contextlib.contextmanager
+def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
+    """Around a call of your code (build_model, build_optimizer, ...): an exception raised in one of your
+    files becomes one line naming its file and line, `optim.py:22 failed building the optimizer: ...`.
+
+    `hint` ends that line when the error is about a dict: code written for one model, given several.
+    """
+    try:
+        yield
+    except Exception as error:
+        problem = user_code_error(error, doing)
+        if hint and problem is not error and re.search(r"\bdict\b", str(problem)):
+            problem = type(problem)(f"{problem}; {hint}")
+        raise problem from None
+
+
+def import_failure(error: Exception) -> str | None:
+    """One line for an error raised as train.py imported this package, so your files: a syntax error's
+    file and line, a name the template imports but a file lacks, or the line of yours that raised;
+    None for an error of the template's own code."""
+    package = Path(__file__).parent
+    if isinstance(error, SyntaxError) and error.filename and package in Path(error.filename).parents:
+        file = Path(error.filename).relative_to(package)
+        return (
+            f"{file}:{error.lineno}: {type(error).__name__}: {error.msg}; fix this line "
+            "(python -m compileall -q src lists any others)"
+        )
+    if isinstance(error, ImportError) and error.path and Path(error.path).parent == package:  # a name gone
+        message = (error.msg or "").partition(" (")[0]
+        return f"{Path(error.path).name}: {message}; the template's code imports that name from there, so keep it"
+    mine = in_your_files((Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__))
+    if not mine:
+        return None
+    message = str(error).strip().partition("\n")[0]
+    return f"{mine[-1]} failed on import: {type(error).__name__}: {message}"

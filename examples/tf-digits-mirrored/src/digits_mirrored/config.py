@@ -154,20 +154,14 @@ class TrainConfig(Settings):
     )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar when attached to a terminal."})
 
-    def validate(self) -> None:
-        """Reject values that cannot work, naming the flag."""
-        positive = [
-            "epochs",
-            "global_batch_size",
-            "grad_accum_steps",
-            "eval_batch_size",
-            "log_every",
-            "steps_per_call",
-            "max_consecutive_skips",
-        ]
+    def validate(self, named: dict[str, str] | None = None) -> None:
+        """Reject values that cannot work, naming the flag, or the place in `named` (base.toml: epochs)."""
+        where = {name: f"--{flag(name)}" for name in self.__dataclass_fields__} | (named or {})
+        positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
+        positive += ["steps_per_call", "max_consecutive_skips"]
         for name in positive:
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{where[name]} must be at least 1, got {getattr(self, name)}")
         non_negative = [
             "lr",
             "weight_decay",
@@ -184,27 +178,30 @@ class TrainConfig(Settings):
         ]
         for name in non_negative:
             if getattr(self, name) < 0:
-                raise ConfigError(f"--{flag(name)} must not be negative, got {getattr(self, name)}")
+                raise ConfigError(f"{where[name]} must not be negative, got {getattr(self, name)}")
+        if not self.run_dir.strip():
+            raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
         if problem := missing_package(self.tracker):
             raise ConfigError(problem)
         if not 0 <= self.ema_decay < 1:
-            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
+            raise ConfigError(f"{where['ema_decay']} must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
         if self.nan_policy == "skip" and self.precision == "fp16":
             raise ConfigError(
-                "--nan-policy skip does not combine with --precision fp16, whose loss scaling already skips updates "
-                "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
+                f"{where['nan_policy']} skip does not combine with {where['precision']} fp16, whose loss scaling "
+                "already skips updates with inf/NaN gradients; choose stop with fp16, or bf16"
             )
         if self.keep_checkpoints < 1:
-            raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+            raise ConfigError(f"{where['keep_checkpoints']} must be at least 1, got {self.keep_checkpoints}")
         if not 0 <= self.seed < 2**31:  # Keras takes 32-bit seeds
-            raise ConfigError(f"--seed must be between 0 and 2147483647, got {self.seed}")
+            raise ConfigError(f"{where['seed']} must be between 0 and 2147483647, got {self.seed}")
         if self.shuffle_buffer > 2**40:
-            raise ConfigError(f"--shuffle-buffer must be at most the train set's size, got {self.shuffle_buffer}")
+            raise ConfigError(
+                f"{where['shuffle_buffer']} must be at most the train set's size, got {self.shuffle_buffer}"
+            )
         cpus = os.cpu_count() or 1
         if self.cpu_replicas > 8 * cpus:  # logical devices for testing: thousands take minutes to set up
-            raise ConfigError(
-                f"--cpu-replicas {self.cpu_replicas} is far more than this machine's {cpus} CPUs; use at most {cpus}"
-            )
+            replicas = f"{where['cpu_replicas']} {self.cpu_replicas}"
+            raise ConfigError(f"{replicas} is far more than this machine's {cpus} CPUs; use at most {cpus}")
 
     def check_batch_split(self, replicas: int) -> None:
         """Refuse a global batch that does not split into equal micro-batches, one per replica and micro-step."""
@@ -243,7 +240,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from the command line (every field is a flag) and validate it.
 
     settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
-    given on the command line wins.
+    given on the command line wins. A mistake is one line naming its flag, or its file and key.
     """
     parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
     types = typing.get_type_hints(TrainConfig)
@@ -251,17 +248,15 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     config_file = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     config_file.add_argument("--config", default="")
     path = config_file.parse_known_args(argv)[0].config
-    try:
-        from_file = read_config_file(path, types) if path else {}
+    try:  # mistakes in files: one line, without the usage block that argparse adds for the flags
+        from_file, places = read_config_file(path, types) if path else ({}, {})
+        if clashes := [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]:
+            raise ConfigError(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it")
+        if unknown := [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]:
+            raise ConfigError(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag (see --help)")
     except ConfigError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
-    clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
-    if clashes:
-        parser.error(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it in Settings")
-    unknown = [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]
-    if unknown:
-        parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
     for item in dataclasses.fields(TrainConfig):
         kind, help_text = types[item.name], item.metadata.get("help", "")
         default = from_file.get(item.name, DEFAULTS.get(item.name, item.default))
@@ -276,10 +271,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         else:
             parser.add_argument(f"--{flag(item.name)}", type=_number(kind), default=default, help=help_text)
     config = TrainConfig(**vars(parser.parse_args(argv)))
-    try:
-        config.validate()
+    try:  # a value the file set (and no flag replaced) is named as the file's key: base.toml: epochs
+        config.validate({name: place for name, place in places.items() if getattr(config, name) == from_file[name]})
     except ConfigError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     return config
 
 

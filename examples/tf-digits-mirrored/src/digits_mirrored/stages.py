@@ -41,10 +41,15 @@ class Stage:
     def variables(self) -> list[tf.Variable]:
         return self.model.trainable_variables
 
-    def regularization(self) -> tf.Tensor:
-        """The penalty of the weight regularizers of the layers (`kernel_regularizer=`), counted once per update."""
-        penalties = [variable.regularizer(variable) for variable in self.variables if variable.regularizer]
-        return tf.add_n([tf.cast(penalty, tf.float32) for penalty in penalties]) if penalties else tf.constant(0.0)
+    def penalty(self) -> tf.Tensor | None:
+        """What the model's layers add to the loss (Keras' `model.losses`), summed; None if they add nothing.
+
+        Read right after the model's call: Keras then holds the `add_loss()` values of that call,
+        activity regularizers among them (each averaged over the samples of the call's batch), and
+        computes the weight regularizers' penalties (`kernel_regularizer=`, ...) from the weights.
+        """
+        penalties = self.model.losses
+        return tf.add_n([tf.cast(penalty, tf.float32) for penalty in penalties]) if penalties else None
 
 
 def split_models(built: object) -> tuple[dict[str, keras.Model], dict[str, keras.Model]]:

@@ -17,12 +17,18 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from . import distributed
-from .config import TrainConfig, parse_config
-from .data import build_datasets
-from .engine import Trainer
-from .errors import ConfigError, RunError, first_line
-from .evaluation import finite_or_raise
+from .errors import ConfigError, RunError, first_line, import_failure, in_your_code, three_datasets
+
+try:  # your files are imported here (settings.py by config.py): a mistake in one is one line, not a traceback
+    from . import distributed
+    from .config import TrainConfig, parse_config
+    from .data import build_datasets
+    from .engine import Trainer
+    from .evaluation import finite_or_raise
+except Exception as error:
+    if (problem := import_failure(error)) is None:
+        raise
+    sys.exit(f"error: {problem}")
 
 
 def prepare_run_dir(config: TrainConfig, runtime: distributed.Runtime) -> None:
@@ -52,7 +58,9 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     prepare_run_dir(config, runtime)
     # The same seed in every run: the same data order and the same initial weights.
     keras.utils.set_random_seed(config.seed)
-    trainer = Trainer(config, runtime, build_datasets(config))
+    with in_your_code("building the datasets"):
+        datasets = build_datasets(config)
+    trainer = Trainer(config, runtime, three_datasets(datasets))
     if config.resume:
         trainer.resume()
     summary = trainer.fit()

@@ -193,20 +193,20 @@ class TrainStep:
         if self.replicas > 1:  # one all-reduce sums the replicas' gradients, loss totals and weights
             *grads, total, weight = tf.distribute.get_replica_context().all_reduce(SUM, [*grads, total, weight])
         factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
-        grads = [grad * factor for grad in grads]
-        if any(variable.regularizer for variable in stage.variables):
-            # Weight regularizers depend on the weights only: added once per update, on every replica alike.
-            with tf.GradientTape() as tape:
-                penalty = stage.optimizer.scale_loss(stage.regularization())
-            penalty_grads = tape.gradient(penalty, stage.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            grads = [grad + extra for grad, extra in zip(grads, penalty_grads, strict=True)]
-        return grads, total, weight
+        return [grad * factor for grad in grads], total, weight
 
     def _micro_step(self, stage: Stage, losses: Iterator[tuple[str, Mean]]) -> MicroStep:
         """The stage's part of one micro-step: step.py runs up to the stage's loss, then its gradients."""
         with tf.GradientTape() as tape:
             loss = self._next_loss(losses, stage)
-            scaled = stage.optimizer.scale_loss(loss.total / self.config.global_batch_size)  # fp16: times S
+            total, penalty = loss.total, stage.penalty()  # model.py's regularizers and add_loss() values
+            if penalty is not None:
+                # Micro-batch k's penalty p_k counts as if added to each of its values: with W_k its weight,
+                # the update (_gradients) follows the global mean loss + sum_k(W_k p_k) / sum_k(W_k). A weight
+                # penalty, the same in every micro-batch, counts once per update; an activity penalty (Keras'
+                # mean over the micro-batch's samples) becomes the global batch's mean when a sample weighs 1.
+                total += loss.weight * penalty
+            scaled = stage.optimizer.scale_loss(total / self.config.global_batch_size)  # fp16: times S
         grads = tape.gradient(scaled, stage.variables)
         if all(grad is None for grad in grads):
             raise StepError(

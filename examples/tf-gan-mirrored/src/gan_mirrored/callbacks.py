@@ -64,11 +64,15 @@ class HookCaller:
             raise user_code_error(error, f"in Hooks.{name}") from None
 
     def added(self, name: str, *args: Any) -> dict[str, float]:
-        """The values hook `name` adds to a record (its last argument), checked to be new names."""
+        """The values hook `name` adds to a record (its last argument), checked to be new names and numbers."""
         added = self(name, self.run, *args)
         if not isinstance(added, dict) or any(key in args[-1] for key in added):
             clash = [key for key in added if key in args[-1]] if isinstance(added, dict) else added
             raise StepError(f"hooks.py: {name} must return a dict of new names, got {clash!r}")
+        for key, value in added.items():
+            if not isinstance(value, int | float):  # the logs, CSV and trackers hold numbers
+                kind = type(value).__name__
+                raise StepError(f"hooks.py: {name} must return numbers, got {key!r}: {kind}; return float(...) of it")
         return added
 
     def state_json(self) -> str:

@@ -39,6 +39,7 @@ class Mean:
     total: tf.Tensor  # sum(values * weights), a float32 scalar
     weight: tf.Tensor  # sum(weights), a float32 scalar
     per: str
+    dtype: tf.DType  # of the values as given: a loss must be floating point to have a gradient
 
     def __init__(self, values: tf.Tensor, weights: tf.Tensor | None = None, per: str = "sample") -> None:
         if not tf.is_tensor(values) or values.shape.rank in (0, None):
@@ -46,6 +47,7 @@ class Mean:
                 f"Mean() takes one value per sample (or per token), got {_describe(values)}; do not average "
                 "over the batch: the engine averages over the whole global batch"
             )
+        self.dtype = values.dtype
         values = tf.cast(values, tf.float32)  # bf16/fp16 outputs are summed in float32
         if weights is None:
             self.total, self.weight = tf.reduce_sum(values), tf.cast(tf.size(values), tf.float32)
@@ -123,6 +125,11 @@ def check_train_value(value: object, stage: str) -> Mean:
     """The loss a training step gave for `stage`: a Mean of floating point values."""
     if not isinstance(value, Mean):
         raise StepError(f"train_step must return a Mean for {stage!r}, got {_describe(value)}; wrap the loss in Mean()")
+    if not value.dtype.is_floating:
+        raise StepError(
+            f"the {stage!r} loss from train_step is {value.dtype.name}, which has no gradient; return a floating "
+            "point loss (a cross-entropy, say), not a count or a comparison"
+        )
     return value
 
 

@@ -11,6 +11,7 @@ metrics.py, optim.py, settings.py and hooks.py.
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .ema import WeightAverage
-from .errors import TrainingError
+from .errors import ConfigError, RunError, TrainingError, in_your_code
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .logs import MetricLogger, ProgressBar
@@ -57,7 +58,8 @@ class Trainer:
         # Everything that holds variables is created under the strategy's scope, which places each
         # variable (a copy on each replica's device, kept in sync) and ties it to the strategy.
         with self.strategy.scope():
-            self.models = build_model(config)
+            with in_your_code("building the model"):
+                self.models = build_model(config)
             # Models without trainable weights (a distillation teacher) are only run: no optimizer,
             # not in the checkpoints (model.py loads their weights).
             trained, _ = split_models(self.models)
@@ -65,9 +67,11 @@ class Trainer:
             self.updates_per_epoch = self.train_split.updates_per_epoch
             self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
-            schedule = build_schedule(config, self.total_updates)
+            with in_your_code("building the schedule"):
+                schedule = build_schedule(config, self.total_updates)
             # One stage per optimizer, each updating the model of the same name (stages.py).
-            self.stages = build_stages(build_optimizer(config, schedule), trained, config)
+            with in_your_code("building the optimizer"):
+                self.stages = build_stages(build_optimizer(config, schedule), trained, config)
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # epochs completed
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # updates applied
             # Written part-way through an epoch: its updates done, and its running totals (train_epoch).
@@ -82,25 +86,7 @@ class Trainer:
             self.trained = self.stages[0].model if one else {stage.name: stage.model for stage in self.stages}
             optimizers = self.stages[0].optimizer if one else {stage.name: stage.optimizer for stage in self.stages}
             self.hooks_state = HooksState()
-            self.checkpointer = Checkpointer(
-                self.run_dir,
-                config.keep_checkpoints,
-                runtime,
-                model=self.trained,
-                # Keras keeps each dropout layer's random state in a non-trainable variable that
-                # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
-                # draws the same dropout masks as an uninterrupted one.
-                non_trainable=[variable for stage in self.stages for variable in stage.model.non_trainable_variables],
-                optimizer=optimizers,
-                epoch=self.epoch,
-                step=self.step,
-                position=self.position,
-                running=self.running,
-                early_stopping=self.early_stopping,
-                config=self.saved_config,
-                hooks=self.hooks_state,
-                **self.train_split.checkpointed(),
-            )
+            self.checkpointer = self.make_checkpointer(optimizers)
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
@@ -112,11 +98,35 @@ class Trainer:
         ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
         self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, ema)
 
+    def make_checkpointer(self, optimizers: object) -> Checkpointer:
+        """The Checkpointer of everything a resumed run needs (under the strategy's scope)."""
+        return Checkpointer(
+            self.run_dir,
+            self.config.keep_checkpoints,
+            self.runtime,
+            model=self.trained,
+            # Keras keeps each dropout layer's random state in a non-trainable variable that
+            # tf.train.Checkpoint does not reach through the model: listed here, a resumed run
+            # draws the same dropout masks as an uninterrupted one.
+            non_trainable=[variable for stage in self.stages for variable in stage.model.non_trainable_variables],
+            optimizer=optimizers,
+            epoch=self.epoch,
+            step=self.step,
+            position=self.position,
+            running=self.running,
+            early_stopping=self.early_stopping,
+            config=self.saved_config,
+            hooks=self.hooks_state,
+            **self.train_split.checkpointed(),
+        )
+
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage (and the skipped updates).
 
         Returns None when the run stops part-way through the epoch (--stop-after-step, SIGTERM),
-        after a checkpoint that lets --resume continue from the same update.
+        after a checkpoint that lets --resume continue from the same update. When the whole run ends
+        part-way through the epoch (--max-steps, a hook), it is checkpointed there, before fit
+        validates: a longer run resumed from it goes on with this epoch.
         """
         first = int(self.position.numpy())
         end = min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
@@ -131,13 +141,7 @@ class Trainer:
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
             count = self.train_step.updates_in_next_call(updates, epoch * self.updates_per_epoch + updates, end)
-            try:
-                totals, call_samples = self.train_step.call(batches, tf.constant(count))
-            except tf.errors.OutOfRangeError:
-                raise TrainingError(
-                    f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
-                    "data.py must give the same samples every epoch (a stream: every pass)"
-                ) from None
+            totals, call_samples = self.train_updates(batches, count, updates)
             epoch_totals, window = epoch_totals + totals, window + totals
             samples += int(call_samples)
             updates += count
@@ -147,13 +151,13 @@ class Trainer:
             # The epoch end validates anyway (fit).
             validate = self.config.eval_every > 0 and in_run % self.config.eval_every == 0 and updates != end
             stop = False
-            # Progress, the NaN check and a steps.jsonl record every --log-every updates of the epoch,
-            # at its end and at each validation.
-            if updates % log_every == 0 or updates == end or validate:
-                stage = self.train_step.gave_up()
-                if stage is not None:
-                    where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
-                    raise TrainingError(not_finite_message(stage, self.stages, self.config, where))
+            # The NaN check, progress and a steps.jsonl record every --log-every updates of the epoch, at
+            # its end and at each validation. A run that ends part-way through an epoch is checked at its
+            # end; its epoch record logs those last updates.
+            logs = updates % log_every == 0 or updates == self.updates_per_epoch or validate
+            if logs or updates == end:
+                self.check_finite(epoch)
+            if logs:
                 self.log_window(window, epoch, updates, samples, validate)
                 window = tf.zeros_like(window)
                 # With several workers, a SIGTERM may reach some only: if any got one, all stop here.
@@ -165,23 +169,54 @@ class Trainer:
                 break  # the epoch end checkpoints (fit)
             stop = stop or in_run == self.config.stop_after_step
             if stop or (self.config.checkpoint_every and in_run % self.config.checkpoint_every == 0):
-                self.position.assign(updates)
                 self.running.assign(tf.stack([epoch_totals, window]))
-                self.hooks_state.text = self.hook.state_json()
-                self.checkpointer.save_within_epoch(in_run)
+                self.save_within_epoch(epoch, updates)
                 if stop:
                     self.progress.finish()
                     self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {in_run}"
                     return None
-        self.progress.finish()
-        self.position.assign(0)
-        self.running.assign(tf.zeros_like(self.running))  # an epoch-end checkpoint holds no running totals
+        self.running.assign(tf.stack([epoch_totals, window]))
         self.samples_trained += samples
         self.train_split.check_trained(samples, first, end)
-        result = mean_losses(self.stages, epoch_totals.numpy())
+        return self.end_epoch(epoch, first, updates)
+
+    def train_updates(self, batches: Iterator[Any], count: int, updates: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """The next `count` updates, from update `updates` of the epoch, in one call of train_step.py:
+        their loss totals and their samples."""
+        try:
+            return self.train_step.call(batches, tf.constant(count))
+        except tf.errors.OutOfRangeError:
+            raise TrainingError(
+                f"the train set ran out after {updates} of {self.updates_per_epoch} updates this epoch; "
+                "data.py must give the same samples every epoch (a stream: every pass)"
+            ) from None
+
+    def check_finite(self, epoch: int) -> None:
+        """Stop the run when --nan-policy gave up on a NaN/inf loss (on every worker alike)."""
+        stage = self.train_step.gave_up()
+        if stage is not None:
+            where = f"epoch {epoch + 1}, step {int(self.step.numpy())}"
+            raise TrainingError(not_finite_message(stage, self.stages, self.config, where))
+
+    def end_epoch(self, epoch: int, first: int, updates: int) -> dict[str, float]:
+        """The epoch's mean training loss of each stage (and the skipped updates), after update `updates`;
+        a run that ends part-way through the epoch is checkpointed here, before fit validates."""
+        self.progress.finish()
+        if updates == self.updates_per_epoch:
+            self.position.assign(0)
+        elif updates > first:
+            self.save_within_epoch(epoch, updates)
+        totals = self.running[0].numpy()
+        result = mean_losses(self.stages, totals)
         if self.config.nan_policy == "skip":
-            result["skipped_updates"] = int(epoch_totals[:, 3].numpy().max())
+            result["skipped_updates"] = int(totals[:, 3].max())
         return result
+
+    def save_within_epoch(self, epoch: int, updates: int) -> None:
+        """Checkpoint after update `updates` of `epoch` (every worker calls this)."""
+        self.position.assign(updates)
+        self.hooks_state.text = self.hook.state_json()
+        self.checkpointer.save_within_epoch(epoch * self.updates_per_epoch + updates)
 
     def log_window(self, window: tf.Tensor, epoch: int, updates: int, samples: int, validate: bool) -> None:
         """Show and log the training loss of the updates since the last call; validate if asked."""
@@ -201,16 +236,39 @@ class Trainer:
         return {**results, **self.hook.added("after_evaluation", split, results)}
 
     def resume(self) -> None:
-        """Continue from the latest checkpoint in the run directory."""
+        """Continue from the latest checkpoint in the run directory, at the update it was written after."""
         self.checkpointer.restore_latest(self.updates_per_epoch)
-        check_resumable(self.config, self.saved_config.saved)
+        saved = self.saved_config.saved
+        check_resumable(self.config, saved)
+        # The epoch of the run that wrote it: a stream's is that run's --max-steps, which this one may extend.
+        streamed_for = saved.get("max_steps") if self.train_split.stream_position is not None else None
+        per_epoch = streamed_for if isinstance(streamed_for, int) else self.updates_per_epoch
+        done = int(self.epoch.numpy()) * per_epoch + int(self.position.numpy())
+        if done > self.total_updates:
+            config = self.config
+            asked = f"--max-steps {config.max_steps}" if config.max_steps else f"--epochs {config.epochs}"
+            raise ConfigError(
+                f"--resume: the run in {self.run_dir} has done {done} updates, more than {asked} asks for "
+                f"({self.total_updates}); ask for at least {done}, or start a new --run-dir"
+            )
+        epoch, position = divmod(done, self.updates_per_epoch)
+        self.epoch.assign(epoch)
+        self.position.assign(position)
         self.hook("load_state_dict", self.hooks_state.saved)
-        self.run.epoch, self.run.step = int(self.epoch.numpy()), int(self.step.numpy())
+        self.run.epoch, self.run.step = epoch, int(self.step.numpy())
+        problem = self.logger.keep_until(epoch, int(self.step.numpy())) if self.logger is not None else ""
+        # Only the chief keeps the logs, but every worker must learn whether it could, or they would wait for it.
+        if self.runtime.agree(bool(problem)):
+            raise RunError(problem or "the chief could not read the run's logs; see its output")
         if self.logger is not None:
-            epoch, position = int(self.epoch.numpy()), int(self.position.numpy())
-            self.logger.keep_until(epoch, int(self.step.numpy()))
-            within = f" (update {position} of epoch {epoch + 1})" if position else ""
-            print(f"resumed from epoch {epoch}, step {int(self.step.numpy())}{within}", flush=True)
+            print(f"resumed after update {done}, {self.place()}", flush=True)
+
+    def place(self) -> str:
+        """Where in its epochs the run is, in words (epochs counted from 1)."""
+        epoch, position = int(self.epoch.numpy()), int(self.position.numpy())
+        if position:
+            return f"part-way through epoch {epoch + 1} (update {position} of {self.updates_per_epoch})"
+        return f"the end of epoch {epoch}"
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.terminate and self.runtime.is_main:
@@ -248,8 +306,9 @@ class Trainer:
             self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
-            self.hooks_state.text = self.hook.state_json()
-            self.checkpointer.save(epoch + 1, is_best)
+            if not int(self.position.numpy()):  # a run that ends part-way through this epoch was checkpointed before
+                self.hooks_state.text = self.hook.state_json()
+                self.checkpointer.save(epoch + 1, is_best)
             # The chief decides, every worker follows (with several, a collective: it waits for the checkpoint).
             if self.runtime.agree(self.early_stopping.should_stop):
                 stopped_early = True
@@ -273,15 +332,18 @@ class Trainer:
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) weights on the test set and return the summary."""
         tested = "last"
-        if self.config.test_on == "best":
+        best_epoch = int(self.early_stopping.best_epoch.numpy())
+        if self.config.test_on == "best" and int(self.position.numpy()) and best_epoch == int(self.epoch.numpy()):
+            tested = f"best (epoch {best_epoch}, the final weights)"  # validated part-way: never saved in best/
+        elif self.config.test_on == "best":
             tested = self.checkpointer.load_best(self.trained)
             if tested == "best":
-                tested = f"best (epoch {int(self.early_stopping.best_epoch.numpy())})"
+                tested = f"best (epoch {best_epoch})"
         summary: dict[str, Any] = {
             "epochs_run": int(self.epoch.numpy()),
             "steps": int(self.step.numpy()),
             "stopped_early": stopped_early,
-            "best_epoch": int(self.early_stopping.best_epoch.numpy()),
+            "best_epoch": best_epoch,
             f"best_{self.config.monitor}": self.early_stopping.best_value(),
             "tested_checkpoint": tested,
             **self.evaluate("test"),

@@ -69,6 +69,11 @@ class TrainSplit:
                     "--grad-accum-steps)"
                 )
             return
+        if config.global_batch_size > self.size:
+            raise ConfigError(
+                f"--global-batch-size {config.global_batch_size} is larger than the train set ({self.size} samples); "
+                "lower it, or add data"
+            )
         full, rest = divmod(self.size, config.global_batch_size)
         keep_short = rest >= self.splits  # every micro-batch of a short last batch gets a sample
         self.updates_per_epoch = full + keep_short

@@ -27,6 +27,7 @@ class Mean:
     total: torch.Tensor  # sum(values * weights), a scalar
     weight: torch.Tensor  # sum(weights), a scalar
     per: str
+    dtype: torch.dtype  # of the values as given: a loss must be floating point to have a gradient
 
     def __init__(self, values: torch.Tensor, weights: torch.Tensor | None = None, per: str = "sample") -> None:
         if not isinstance(values, torch.Tensor) or values.dim() == 0:
@@ -44,7 +45,7 @@ class Mean:
                 )
             weights = weights.to(values.dtype if values.is_floating_point() else torch.float32)
             self.total, self.weight = (values * weights).sum(), weights.detach().sum()
-        self.per = per
+        self.per, self.dtype = per, values.dtype
 
 
 @dataclass
@@ -91,13 +92,16 @@ def check_train_value(value: object, stage: str) -> Mean:
     """The loss a training step gave for `stage`: a Mean whose gradient can flow to the weights."""
     if not isinstance(value, Mean):
         raise StepError(f"train_step must return a Mean for {stage!r}, got {_describe(value)}; wrap the loss in Mean()")
+    if not value.dtype.is_floating_point:
+        raise StepError(
+            f"the {stage!r} loss from train_step is {value.dtype}, which has no gradient; return a floating point "
+            "loss (a cross-entropy, say), not a count or a comparison"
+        )
     if not value.total.requires_grad:
         raise StepError(
             f"the {stage!r} loss from train_step has no gradient (computed under no_grad, detached, or from "
             "tensors of an earlier stage); compute it from the model's outputs inside its stage"
         )
-    if not value.total.is_floating_point():
-        raise StepError(f"the {stage!r} loss from train_step is {value.total.dtype}, not a floating point value")
     return value
 
 

@@ -18,7 +18,7 @@ forward is a collective); its values are dropped, so every sample counts exactly
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -78,6 +78,15 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         return (self.updates_per_epoch - self.start) * self.grad_accum_steps
 
 
+class Samples(list[Any]):
+    """The items of a batch, as the dataset gave them, with their indices in it: collate receives this
+    list, and an item it cannot batch is named by its index in the dataset."""
+
+    def __init__(self, items: Iterable[Any], indices: Sequence[int] = ()) -> None:
+        super().__init__(items)
+        self.indices = indices
+
+
 class SeededSamples(Dataset):
     """data.py's train set, each sample loaded with random generators seeded from (--seed, epoch, index).
 
@@ -98,14 +107,33 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+    def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
         with callers_generators_kept():
             items = []
             for epoch, index in keys:
                 seed_generators(self.seed, epoch, index)
                 items.append(self.dataset[index])
-            return items
+            return Samples(items, [index for _, index in keys])
+
+
+class IndexedSamples(Dataset):
+    """An evaluation set whose batches of items carry their dataset indices, as SeededSamples' do."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """The samples of a batch, fetched together where data.py's dataset can (its own __getitems__)."""
+        fetch = getattr(self.dataset, "__getitems__", None)
+        items = fetch(indices) if fetch is not None else [self.dataset[index] for index in indices]
+        return Samples(items, indices) if isinstance(items, list) else items
 
 
 @contextlib.contextmanager

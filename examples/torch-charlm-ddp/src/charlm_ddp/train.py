@@ -21,14 +21,20 @@ from pathlib import Path
 
 import torch
 
-from . import data, distributed
-from .checkpoint import checkpoints_in
-from .config import TrainConfig, parse_config
-from .data import build_datasets
-from .engine import Trainer
-from .errors import ConfigError, DataError, RunError, user_code_error
-from .evaluation import finite_or_raise
-from .model import build_model
+from .errors import ConfigError, DataError, RunError, import_failure, in_your_code, three_datasets, user_code_error
+
+try:  # your files are imported here (settings.py by config.py): a mistake in one is one line, not a traceback
+    from . import data, distributed
+    from .checkpoint import checkpoints_in
+    from .config import TrainConfig, parse_config
+    from .data import build_datasets
+    from .engine import Trainer
+    from .evaluation import finite_or_raise
+    from .model import build_model
+except Exception as error:
+    if (problem := import_failure(error)) is None:
+        raise
+    sys.exit(f"error: {problem}")
 
 
 def seed_everything(seed: int) -> None:
@@ -84,7 +90,11 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     prepare_data(config, runtime)
     # The same seed on every rank: identical data and identical initial weights everywhere.
     seed_everything(config.seed)
-    trainer = Trainer(config, runtime, build_model(config), build_datasets(config))
+    with in_your_code("building the model"):
+        built = build_model(config)
+    with in_your_code("building the datasets"):
+        datasets = build_datasets(config)
+    trainer = Trainer(config, runtime, built, three_datasets(datasets))
     if resume:
         trainer.resume()
     else:

@@ -171,40 +171,42 @@ class TrainConfig(Settings):
         default=600, metadata={"help": "Seconds a collective may wait for the other ranks before failing."}
     )
 
-    def validate(self) -> None:
-        """Reject values that cannot work, naming the flag."""
+    def validate(self, named: dict[str, str] | None = None) -> None:
+        """Reject values that cannot work, naming the flag, or the place in `named` (base.toml: epochs)."""
+        where = {name: f"--{flag(name)}" for name in self.__dataclass_fields__} | (named or {})
         positive = ["epochs", "global_batch_size", "grad_accum_steps", "eval_batch_size", "log_every"]
         positive += ["max_consecutive_skips", "keep_checkpoints", "dist_timeout_s"]
         for name in positive:
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{flag(name)} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{where[name]} must be at least 1, got {getattr(self, name)}")
         non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "early_stop_patience"]
         non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "max_steps"]
         for name in non_negative:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{flag(name)} must be a finite number, got {value}")
+                raise ConfigError(f"{where[name]} must be a finite number, got {value}")
             if value < 0:
-                raise ConfigError(f"--{flag(name)} must not be negative, got {value}")
+                raise ConfigError(f"{where[name]} must not be negative, got {value}")
         if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
+            raise ConfigError(f"{where['seed']} must be between 0 and 2**63 - 1, got {self.seed}")
+        if not self.run_dir.strip():
+            raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
         cpus = os.cpu_count() or 1
         if self.num_workers < -1:
-            raise ConfigError(f"--num-workers must be -1 (automatic) or at least 0, got {self.num_workers}")
+            raise ConfigError(f"{where['num_workers']} must be -1 (automatic) or at least 0, got {self.num_workers}")
         if self.num_workers > 8 * cpus:
-            raise ConfigError(
-                f"--num-workers {self.num_workers} is far more than this machine's {cpus} CPUs; use at most {cpus}"
-            )
+            workers = f"{where['num_workers']} {self.num_workers}"
+            raise ConfigError(f"{workers} is far more than this machine's {cpus} CPUs; use at most {cpus}")
         if self.dist_timeout_s > 7 * 24 * 3600:
-            raise ConfigError(f"--dist-timeout-s must be at most a week (604800), got {self.dist_timeout_s}")
+            raise ConfigError(f"{where['dist_timeout_s']} must be at most a week (604800), got {self.dist_timeout_s}")
         if problem := missing_package(self.tracker):
             raise ConfigError(problem)
         if not 0 <= self.ema_decay < 1:
-            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
+            raise ConfigError(f"{where['ema_decay']} must be at least 0 and below 1 (0.999, say), got {self.ema_decay}")
         if self.nan_policy == "skip" and self.precision == "fp16":
             raise ConfigError(
-                "--nan-policy skip does not combine with --precision fp16, whose loss scaler already skips updates "
-                "with inf/NaN gradients; use --nan-policy stop with fp16, or bf16"
+                f"{where['nan_policy']} skip does not combine with {where['precision']} fp16, whose loss scaler "
+                "already skips updates with inf/NaN gradients; choose stop with fp16, or bf16"
             )
 
     def check_batch_split(self, world_size: int) -> None:
@@ -244,7 +246,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from the command line (every field is a flag) and validate it.
 
     settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
-    given on the command line wins.
+    given on the command line wins. A mistake is one line naming its flag, or its file and key.
     """
     parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
     types = typing.get_type_hints(TrainConfig)
@@ -252,17 +254,15 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     config_file = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     config_file.add_argument("--config", default="")
     path = config_file.parse_known_args(argv)[0].config
-    try:
-        from_file = read_config_file(path, types) if path else {}
+    try:  # mistakes in files: one line, without the usage block that argparse adds for the flags
+        from_file, places = read_config_file(path, types) if path else ({}, {})
+        if clashes := [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]:
+            raise ConfigError(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it")
+        if unknown := [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]:
+            raise ConfigError(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag (see --help)")
     except ConfigError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     template_fields = set(TrainConfig.__dataclass_fields__) - set(Settings.__dataclass_fields__)
-    clashes = [name for name in Settings.__dataclass_fields__ if name in TrainConfig.__annotations__]
-    if clashes:
-        parser.error(f"settings.py: {', '.join(clashes)} is a flag of the template already; rename it in Settings")
-    unknown = [name for name in DEFAULTS if name not in TrainConfig.__dataclass_fields__]
-    if unknown:
-        parser.error(f"settings.py: DEFAULTS names {', '.join(unknown)}, which is no flag; see --help for the flags")
     for item in dataclasses.fields(TrainConfig):
         kind, help_text = types[item.name], item.metadata.get("help", "")
         default = from_file.get(item.name, DEFAULTS.get(item.name, item.default))
@@ -277,10 +277,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         else:
             parser.add_argument(f"--{flag(item.name)}", type=_number(kind), default=default, help=help_text)
     config = TrainConfig(**vars(parser.parse_args(argv)))
-    try:
-        config.validate()
+    try:  # a value the file set (and no flag replaced) is named as the file's key: base.toml: epochs
+        config.validate({name: place for name, place in places.items() if getattr(config, name) == from_file[name]})
     except ConfigError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     return config
 
 

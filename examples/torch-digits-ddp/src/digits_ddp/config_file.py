@@ -28,17 +28,25 @@ from .errors import ConfigError
 KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a finite number", str: "a string"}
 
 
-def read_config_file(path: str, kinds: dict[str, Any]) -> dict[str, Any]:
-    """The file's values by field name, each checked against `kinds` (field name: its type)."""
+def read_config_file(path: str, kinds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's values by field name, each checked against `kinds` (field name: its type), and where
+    each was set, for messages: `base.toml: global-batch-size`, the key as the file spells it."""
     try:
         with open(path, "rb") as file:
-            table = tomllib.load(file)
+            content = file.read()
+        table = tomllib.loads(content.decode())
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror})") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        line = content.count(b"\n", 0, error.start) + 1
+        byte = content[error.start]
+        raise ConfigError(
+            f"--config {path}: line {line} is not UTF-8 text (byte {byte:#04x}); save the file as UTF-8"
+        ) from None
+    except ValueError as error:  # TOMLDecodeError, or a number of more digits than Python reads (4300)
+        raise ConfigError(f"--config {path} is not valid TOML: {str(error).split(';')[0]}") from None
     values: dict[str, Any] = {}
     spelled: dict[str, str] = {}  # field name: the key that set it
     for key, value in table.items():
@@ -50,18 +58,25 @@ def read_config_file(path: str, kinds: dict[str, Any]) -> dict[str, Any]:
         if name in spelled:
             raise ConfigError(f"{path}: {spelled[name]!r} and {key!r} set the same flag; keep one of them")
         values[name], spelled[name] = _checked(value, kinds[name], f"{path}: {key}"), key
-    return values
+    return values, {name: f"{path}: {key}" for name, key in spelled.items()}
 
 
 def _checked(value: Any, kind: Any, where: str) -> Any:
     """`value` if it has the field's type (an int is a float too); else a ConfigError naming the key."""
+    if isinstance(value, str) and "\0" in value:  # no file or metric name holds one: an escape gone wrong
+        raise ConfigError(f"{where} holds a NUL character (\\u0000); remove it")
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if value not in choices:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}, got {value!r}")
         return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if kind is float and whole:
+        if abs(value) > sys.float_info.max:
+            raise ConfigError(f"{where} is too large for a float (over 1.8e308); use a smaller number")
         value = float(value)
+    elif whole and not -(2**63) <= value < 2**63:  # TOML's integers are 64-bit; Python's parser reads any size
+        raise ConfigError(f"{where} is past the range of TOML's 64-bit integers; use one from -2**63 to 2**63 - 1")
     if isinstance(kind, type) and kind not in KIND_NAMES and not isinstance(value, kind):
         try:  # a type of yours in settings.py (a Path, say): built from the value, as the command line does
             return kind(value)
@@ -71,7 +86,8 @@ def _checked(value: Any, kind: Any, where: str) -> Any:
     if kind is int and isinstance(value, bool):  # TOML's true is no count
         fits = False
     if kind is float and fits and not math.isfinite(value):  # nan and inf would silently train nothing
-        fits = False
+        past = " (a number past 1.8e308 reads as inf)" if math.isinf(value) else ""
+        raise ConfigError(f"{where} must be a finite number, got {value!r}{past}")
     if not fits:
         raise ConfigError(f"{where} must be {KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
     return value

@@ -76,7 +76,7 @@ class Checkpointer:
     def save(self, state: dict[str, Any], name: str, is_best: bool, running: dict[str, Any] | None = None) -> None:
         """Every rank must call this: FSDP gathers or writes the shards, and every rank's RNG state is kept.
 
-        `running`: this rank's running totals of an epoch stopped part-way, kept for every rank.
+        `running`: this rank's running totals of the epoch in progress, kept for every rank.
         """
         self.finish()  # one save at a time
         payload = {**state, **self.weights(SHARDS if self.sharded else FULL_ON_RANK0)}
@@ -107,8 +107,8 @@ class Checkpointer:
         try:
             if written is not None:
                 written.result()
-            if self.sharded and self.runtime.is_main:
-                os.replace(files.temporary(path), path)
+            if self.sharded:
+                self.seal(path)
         except (OSError, CheckpointException) as error:
             problem = f"could not write {path} ({first_line(error)}); older checkpoints are intact, free some space"
         if self.runtime.is_main and not problem:
@@ -144,6 +144,15 @@ class Checkpointer:
         sharded.save(shards, folder)
         return None
 
+    def seal(self, path: Path) -> None:
+        """Complete a sharded folder once every rank has written its shards: its manifest, then the
+        rename that makes it a checkpoint (every rank must call this)."""
+        folder = files.temporary(path)
+        sharded.seal(folder, self.runtime.rank, self.runtime.world_size)
+        if self.runtime.is_main:
+            files.remove(path)  # a folder of the same name, from an attempt that resumed before it
+            os.replace(folder, path)
+
     def weights(self, options: StateDictOptions, with_optimizers: bool = True) -> dict[str, Any]:
         """The model's state, the optimizers' and the moving average's, as a checkpoint holds them."""
         state: dict[str, Any] = {"model": get_model_state_dict(self.model, options=options)}
@@ -163,7 +172,7 @@ class Checkpointer:
         return checkpoints_in(self.directory)
 
     def running_totals(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """This rank's running totals of the epoch a checkpoint stopped part-way through.
+        """This rank's running totals of the epoch a checkpoint was written in.
 
         On another number of ranks, the first rank takes the sums of all of them: the epoch's
         training loss is still right.
@@ -178,21 +187,47 @@ class Checkpointer:
         return {"totals": mine["totals"], "window": mine["window"], "skipped": int(mine["skipped"].item())}
 
     def load_latest(self) -> tuple[Path, dict[str, Any]]:
-        """The newest readable checkpoint; a damaged one is reported and skipped."""
+        """The newest checkpoint that reads back exactly (every rank must call this).
+
+        A damaged one (truncated, or a bit changed on disk) is reported and moved to
+        `checkpoints/damaged/`, where it stays for a look, and an older one is used; the run then
+        writes that checkpoint anew when it gets there.
+        """
+        found: tuple[Path, dict[str, Any]] | None = None
+        damaged = []
         for path in reversed(self.checkpoints()):
+            problem = ""
             try:
-                return path, self.read(path)
+                checkpoint = self.read(path)
             except (Exception, CheckpointException) as error:  # a truncated or corrupt one: fall back to an older one
-                if self.runtime.is_main:
-                    print(f"warning: skipping unreadable checkpoint {path}: {first_line(error)}", flush=True)
-        raise CheckpointError(
-            f"no readable checkpoint in {self.directory} to resume from; drop --resume to start a new run"
-        )
+                problem = first_line(error)
+            # Every rank must resume from the same checkpoint: one that any rank cannot read is skipped by all.
+            if not distributed.any_rank(bool(problem))[0]:
+                found = path, checkpoint
+                break
+            damaged.append(path)
+            if self.runtime.is_main:
+                reason = problem or "unreadable on another rank"
+                print(f"warning: skipping unreadable checkpoint {path} ({reason}); moved to damaged/", flush=True)
+        distributed.barrier()  # every rank is done with the damaged ones before they move
+        if self.runtime.is_main:
+            for path in damaged:
+                files.move_aside(path, self.directory / "damaged")
+        if found is None:
+            raise CheckpointError(
+                f"no readable checkpoint in {self.directory} to resume from (the damaged ones are in "
+                f"{self.directory / 'damaged'}); start a new run in another --run-dir"
+            )
+        return found
 
     def read(self, path: Path, with_optimizers: bool = True) -> dict[str, Any]:
-        """A checkpoint (every rank must call this); a sharded one comes in this run's sharding."""
+        """A checkpoint, exactly as it was written, or a CheckpointError (every rank must call this);
+        a sharded one comes in this run's sharding."""
         if path.suffix != sharded.SUFFIX:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return files.load(path)
+        problem = sharded.check(path, self.runtime.rank, self.runtime.world_size)
+        if distributed.any_rank(bool(problem))[0]:
+            raise CheckpointError(problem or "a file another rank checked is damaged")
         rest = sharded.read_trainer(path)
         if not with_optimizers:
             del rest["optimizer"]
@@ -283,7 +318,7 @@ def load_whole(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         return sharded.load_whole(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return files.load(path)
 
 
 def _per_rank(tensors: dict[str, torch.Tensor], world_size: int) -> list[dict[str, torch.Tensor]]:

@@ -25,6 +25,7 @@ from .checkpoint import Checkpointer
 from .config import TrainConfig, check_resumable
 from .distributed import Runtime
 from .ema import WeightAverage
+from .errors import ConfigError, RunError, in_your_code, several_models_hint
 from .evaluation import Evaluator, finite_or_raise
 from .hooks import Hooks
 from .loaders import Loaders
@@ -59,11 +60,13 @@ class Trainer:
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
         # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
         trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
-        optimizers = build_optimizer(trained_view, config)
+        with in_your_code("building the optimizer", hint=several_models_hint(trained_view)):
+            optimizers = build_optimizer(trained_view, config)
         self.updates_per_epoch = self.loaders.updates_per_epoch
         self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
         self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last one may be partial
-        schedulers = build_scheduler(optimizers, config, self.total_updates)
+        with in_your_code("building the schedule"):
+            schedulers = build_scheduler(optimizers, config, self.total_updates)
         self.stages = build_stages(optimizers, schedulers, self.wrapped, config, runtime)
         # What the checkpoints hold: the trained weights, without the frozen models.
         self.trained: nn.Module = self.wrapped["model"] if not isinstance(built, dict) else nn.ModuleDict(self.wrapped)
@@ -75,7 +78,8 @@ class Trainer:
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
         self.position = 0  # updates done in the epoch in progress, when a checkpoint was written part-way
-        self.running: dict[str, Any] | None = None  # that epoch's running totals on this rank, from the checkpoint
+        # The epoch's running totals on this rank (loss sums, skipped updates), as checkpoints hold them.
+        self.running: dict[str, Any] = {}
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a SIGTERM arrived
         self.stopped = ""  # why fit() stopped before the end, in words
@@ -100,7 +104,9 @@ class Trainer:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage.
 
         Returns None when the run stops part-way through the epoch (--stop-after-step, SIGTERM),
-        after a checkpoint that lets --resume continue from the same update.
+        after a checkpoint that lets --resume continue from the same update. When the whole run ends
+        part-way through the epoch (--max-steps, a hook), it is checkpointed there, before fit
+        validates: a longer run resumed from it goes on with this epoch.
         """
         self.set_training(True)
         first, end = self.position, min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
@@ -109,7 +115,7 @@ class Trainer:
         self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end)
         zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
-        running, self.running = self.running or {"totals": zeros, "window": zeros.clone(), "skipped": 0}, None
+        running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros.clone(), "skipped": 0}
         epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
         skipped = running["skipped"]
         done, window_samples, epoch_samples = first, 0, 0
@@ -129,32 +135,49 @@ class Trainer:
             # The epoch end validates anyway (fit).
             validate = self.config.eval_every > 0 and updates % self.config.eval_every == 0 and done != end
             stop = False
-            if done % self.config.log_every == 0 or done == end or validate:
+            if done % self.config.log_every == 0 or done == self.updates_per_epoch or validate:
                 self.log_window(window, epoch, done, window_samples, validate)
                 window.zero_()
                 window_samples = 0
                 # A SIGTERM or a hook's stop may reach some ranks only: if any rank got one, every rank stops here.
                 stop, finish = distributed.any_rank(self.terminate, bool(self.run.stop_reason))
+                self.loaders.check_streams_agree(updates)
                 if finish:
                     break  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
+            elif done == end:  # the run ends here, part-way through the epoch: its epoch record logs these updates
+                self.check_window(window, epoch)
             if done == end:
                 break  # the epoch end checkpoints (fit)
             stop = stop or updates == self.config.stop_after_step
             if stop or (self.config.checkpoint_every and updates % self.config.checkpoint_every == 0):
-                self.position = done
-                running = {"totals": epoch_totals, "window": window, "skipped": skipped}
-                self.checkpointer.save(self.state_dict(), f"epoch-{epoch + 1:04d}-step-{updates:08d}", False, running)
+                self.running = {"totals": epoch_totals, "window": window, "skipped": skipped}
+                self.save_within_epoch(epoch, done)
                 if stop:
                     self.progress.finish()
                     self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {updates}"
                     return None
-        self.progress.finish()
-        self.position = 0
+        self.running = {"totals": epoch_totals, "window": window, "skipped": skipped}
         self.samples_trained += epoch_samples
-        result = mean_losses("train", self.stages, distributed.all_reduce_sum(epoch_totals).tolist())
+        return self.end_epoch(epoch, first, done)
+
+    def end_epoch(self, epoch: int, first: int, done: int) -> dict[str, float]:
+        """The epoch's mean training loss of each stage, after update `done`; a run that ends part-way
+        through the epoch is checkpointed here, before fit validates."""
+        self.progress.finish()
+        if done == self.updates_per_epoch:
+            self.position = 0
+        elif done > first:
+            self.save_within_epoch(epoch, done)
+        result = mean_losses("train", self.stages, distributed.all_reduce_sum(self.running["totals"]).tolist())
         if self.stages[0].nan_guard.skips_updates:
-            result["skipped_updates"] = skipped
+            result["skipped_updates"] = self.running["skipped"]
         return result
+
+    def save_within_epoch(self, epoch: int, done: int) -> None:
+        """Checkpoint after update `done` of `epoch`."""
+        self.position = done
+        updates = epoch * self.updates_per_epoch + done
+        self.checkpointer.save(self.state_dict(), f"epoch-{epoch + 1:04d}-step-{updates:08d}", False, self.running)
 
     def log_window(self, window: torch.Tensor, epoch: int, done: int, samples: int, validate: bool) -> None:
         """Check and log the training loss of the updates since the last call (`samples` in all); validate if asked.
@@ -163,8 +186,7 @@ class Trainer:
         rank alike so all ranks stop together. Reading it waits for the GPU, so the speed is measured here too.
         """
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.step}
-        sums = distributed.all_reduce_sum(window.clone()).tolist()
-        losses = check_finite(mean_losses("train", self.stages, sums), sums, f"epoch {epoch + 1}, step {self.step}")
+        sums, losses = self.check_window(window, epoch)
         record.update(losses)
         self.progress.update(done, done * self.config.global_batch_size, next(iter(losses.values())))
         record.update(lr=self.stages[0].scheduler.get_last_lr()[0], **grad_norms(self.stages))
@@ -176,6 +198,12 @@ class Trainer:
         if self.logger is not None:
             self.logger.log_step(record)
         self.throughput.restart()
+
+    def check_window(self, window: torch.Tensor, epoch: int) -> tuple[list[list[float]], dict[str, float]]:
+        """The global loss sums and mean training losses of the updates since the last log, checked for NaN/inf
+        on every rank alike so all ranks stop together."""
+        sums = distributed.all_reduce_sum(window.clone()).tolist()
+        return sums, check_finite(mean_losses("train", self.stages, sums), sums, f"epoch {epoch + 1}, step {self.step}")
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""
@@ -197,12 +225,22 @@ class Trainer:
         }
 
     def resume(self) -> None:
-        """Continue from the latest checkpoint in the run directory."""
+        """Continue from the latest checkpoint in the run directory, at the update it was written after."""
         path, checkpoint = self.checkpointer.load_latest()
         check_resumable(self.config, checkpoint["config"])
         self.checkpointer.restore(path, checkpoint)
-        self.epoch, self.step = checkpoint["epoch"], checkpoint["step"]
-        self.position = checkpoint.get("position", 0)  # written part-way through epoch + 1
+        # The epoch of the run that wrote it: a stream's is that run's --max-steps, which this one may extend.
+        per_epoch = checkpoint["config"]["max_steps"] if self.loaders.stream is not None else self.updates_per_epoch
+        done = checkpoint["epoch"] * per_epoch + checkpoint.get("position", 0)
+        if done > self.total_updates:
+            config = self.config
+            asked = f"--max-steps {config.max_steps}" if config.max_steps else f"--epochs {config.epochs}"
+            raise ConfigError(
+                f"--resume: the run in {self.run_dir} has done {done} updates, more than {asked} asks for "
+                f"({self.total_updates}); ask for at least {done}, or start a new --run-dir"
+            )
+        self.epoch, self.position = divmod(done, self.updates_per_epoch)
+        self.step = checkpoint["step"]
         if self.position:
             self.running = self.checkpointer.running_totals(checkpoint)
         load_stages_state(self.stages, checkpoint)
@@ -210,10 +248,18 @@ class Trainer:
         self.loaders.load_state_dict(checkpoint.get("data", {}))
         self.hook("load_state_dict", checkpoint.get("hooks", {}))
         self.run.epoch, self.run.step = self.epoch, self.step
+        problem = self.logger.keep_until(self.epoch, self.step) if self.logger is not None else ""
+        # Only rank 0 keeps the logs, but every rank must learn whether it could, or they would wait for it.
+        if distributed.agree(bool(problem)):
+            raise RunError(problem or "rank 0 could not read the run's logs; see its output")
         if self.logger is not None:
-            self.logger.keep_until(self.epoch, self.step)
-            within = f" (update {self.position} of epoch {self.epoch + 1})" if self.position else ""
-            print(f"resumed from epoch {self.epoch}, step {self.step}{within}", flush=True)
+            print(f"resumed after update {done}, {self.place()}", flush=True)
+
+    def place(self) -> str:
+        """Where in its epochs the run is, in words (epochs counted from 1)."""
+        if self.position:
+            return f"part-way through epoch {self.epoch + 1} (update {self.position} of {self.updates_per_epoch})"
+        return f"the end of epoch {self.epoch}"
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.terminate and self.runtime.is_main:
@@ -251,7 +297,8 @@ class Trainer:
             self.hook("on_epoch_end", self.run, record)
             if self.logger is not None:
                 self.logger.log(record)
-            self.checkpointer.save(self.state_dict(), f"epoch-{self.epoch:04d}", is_best)
+            if not self.position:  # a run that ends part-way through this epoch was checkpointed before validating
+                self.checkpointer.save(self.state_dict(), f"epoch-{self.epoch:04d}", is_best, self.running)
             # Rank 0 decides and every rank follows, so all ranks leave the loop at the same epoch.
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
@@ -275,7 +322,9 @@ class Trainer:
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
         tested = "last"
-        if self.config.test_on == "best":
+        if self.config.test_on == "best" and self.position and self.early_stopping.best_epoch == self.epoch:
+            tested = f"best (epoch {self.epoch}, the final weights)"  # validated part-way: never linked as best.pt
+        elif self.config.test_on == "best":
             tested = self.checkpointer.load_best(self.early_stopping.best_epoch)
         summary: dict[str, Any] = {
             "epochs_run": self.epoch,

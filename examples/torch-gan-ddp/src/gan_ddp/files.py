@@ -1,8 +1,9 @@
-"""Checkpoint files on disk, written so that a crash never leaves half of one.
-
-Managed by the looptpl template.
+"""Checkpoint files on disk, written so that a crash never leaves half of one, and read back exactly
+or refused. Managed by the looptpl template.
 """
 
+import ctypes
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -19,8 +20,17 @@ def temporary(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def save(payload: dict[str, Any], path: Path) -> None:
-    """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file."""
+CHECKSUM = "checksum"  # the key of a file's checksum, beside the content it covers
+
+
+def save(payload: dict[str, Any], path: Path, checksum: bool = True) -> None:
+    """Write to a temporary file, flush it to disk, then rename: a crash never leaves half a file.
+
+    The file holds a checksum of its content too, which `load` checks (`checksum=False` for a file
+    other programs read, such as a plain state dict).
+    """
+    if checksum:
+        payload = {**payload, CHECKSUM: content_checksum(payload)}
     path.parent.mkdir(parents=True, exist_ok=True)
     written = temporary(path)
     try:
@@ -31,6 +41,47 @@ def save(payload: dict[str, Any], path: Path) -> None:
         os.replace(written, path)
     finally:
         written.unlink(missing_ok=True)  # after a failure, leave no partial file behind
+
+
+def load(path: Path) -> Any:
+    """A file `save` wrote, read back exactly as it was written, or a CheckpointError.
+
+    A file without a checksum (a state dict from elsewhere, or a checkpoint of an older template)
+    is read as it is.
+    """
+    content = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(content, dict) and CHECKSUM in content:
+        written = content.pop(CHECKSUM)
+        if content_checksum(content) != written:
+            raise CheckpointError(f"{path.name} is damaged: its content does not match the checksum written with it")
+    return content
+
+
+def content_checksum(tree: Any) -> str:
+    """The SHA-256 of a checkpoint's content: every tensor's type, shape and bytes, and every other
+    value, in order. A bit flipped on disk anywhere in a file changes it."""
+    digest = hashlib.sha256()
+    _feed(tree, digest)
+    return "sha256:" + digest.hexdigest()
+
+
+def _feed(value: Any, digest: "hashlib._Hash") -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        digest.update(f"tensor {tensor.dtype} {list(tensor.shape)};".encode())
+        if tensor.numel():  # its memory, read in place: no copy, and no numpy
+            digest.update((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr()))
+    elif isinstance(value, dict):
+        digest.update(f"dict {len(value)};".encode())
+        for key, item in value.items():
+            digest.update(f"{key!r}:".encode())
+            _feed(item, digest)
+    elif isinstance(value, list | tuple):
+        digest.update(f"{type(value).__name__} {len(value)};".encode())
+        for item in value:
+            _feed(item, digest)
+    else:
+        digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
 def link_best(source: Path, target: Path) -> None:
@@ -54,6 +105,16 @@ def _link(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:  # a filesystem without hard links: copy instead
         shutil.copyfile(source, target)
+
+
+def move_aside(path: Path, folder: Path) -> None:
+    """Move a damaged checkpoint file or folder into `folder`, kept for a look, under a name that no
+    earlier one there has."""
+    folder.mkdir(exist_ok=True)
+    target, number = folder / path.name, 1
+    while target.exists():
+        target, number = folder / f"{path.name}.{number}", number + 1
+    os.replace(path, target)
 
 
 def remove(path: Path) -> None:

@@ -6,19 +6,27 @@ micro-batches of the next update and for the batches of an evaluation, and gets 
 device; an error in data.py names its file and line.
 """
 
+import collections
 import functools
+import numbers
 import os
-from collections.abc import Callable, Iterator
+import reprlib
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from . import data
+from . import data, distributed
 from .config import TrainConfig
-from .errors import ConfigError, DataError, user_code_error
-from .sampling import EvalBatchSampler, GlobalBatchSampler, SeededSamples
+from .errors import ConfigError, DataError, in_your_code, in_your_files, user_code_error
+from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples
 from .streaming import EvalStream, TrainStream
+
+# Where torch's default_collate is defined: an error that passed through there was raised by it.
+DEFAULT_COLLATE_FILE = Path(default_collate.__code__.co_filename)
 
 
 class Loaders:
@@ -44,7 +52,7 @@ class Loaders:
             # from the global generator that drives dropout (a resumed run starts one more loader).
             generator=torch.Generator(),
         )
-        self.collate = _checked(getattr(data, "collate", default_collate))
+        self.collate = checked_collate(getattr(data, "collate", default_collate))
         train, val, test = datasets
         self.sampler: GlobalBatchSampler | None = None
         self.stream: TrainStream | None = None
@@ -82,6 +90,22 @@ class Loaders:
         assert self.sampler is not None
         micro_batches = [self.to_device(self._next(updates)) for _ in range(self.grad_accum_steps)]
         return micro_batches, self.sampler.samples_between(update, update + 1)
+
+    def check_streams_agree(self, updates: int) -> None:
+        """With a stream, check that every rank is at the same place of it (every rank must call this).
+
+        Every rank reads the whole stream, so all are in the same pass at the same update; streams of
+        different lengths would make the ranks train on different passes, unnoticed. One tiny all-gather,
+        at log points only.
+        """
+        if self.stream is None:
+            return
+        places = distributed.all_gather(torch.tensor(self.stream.start))
+        if any(not torch.equal(place, places[0]) for place in places):
+            raise DataError(
+                f"data.py: the ranks' train streams have passes of different lengths (seen at update {updates}); "
+                "every rank must read the same items in the same order: do not shard the stream in data.py"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Where in the stream a resumed run goes on (for a map-style set, the epoch and update say it)."""
@@ -129,7 +153,7 @@ class Loaders:
             stream = EvalStream(dataset, batch_size, rank, world_size, split)
             return self.make_loader(stream, batch_size=None, collate_fn=stream.collater(self.collate))
         sampler = EvalBatchSampler(split_size(dataset, split), batch_size, rank, world_size)
-        return self.make_loader(dataset, batch_sampler=sampler, collate_fn=self.collate)
+        return self.make_loader(IndexedSamples(dataset), batch_sampler=sampler, collate_fn=self.collate)
 
 
 def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: int) -> GlobalBatchSampler:
@@ -159,30 +183,151 @@ def default_workers(device: torch.device) -> int:
     return max(1, min(4, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
-def _checked(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    """data.py's collate, with its failures named: items of different shapes are the usual one."""
+def checked_collate(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """data.py's collate, with its failures named: what in which item (by its index in the dataset)
+    default_collate cannot batch, or else the line of data.py that failed."""
 
     def collate_items(items: list[Any]) -> Any:
         try:
             return collate(items)
         except Exception as error:
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise DataError(
-                f"data.py: could not collate {len(items)} items into a batch ({message}); items of different "
-                "shapes (variable-length sequences) need a collate() in data.py that pads them"
-            ) from None
+            # Only what default_collate received unchanged can be blamed on the items (a collate() of
+            # yours that pads them hands it other lists).
+            problem = unbatchable(items) if given_to_default_collate(error) is items else ""
+            if problem:
+                raise DataError(f"data.py: could not collate a batch: {problem}") from None
+            places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+            where = (in_your_files(places) or ["data.py"])[-1]
+            lines = str(error).strip().splitlines()
+            message = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+            raise DataError(f"{where}: could not collate {len(items)} items into a batch ({message})") from None
 
     return collate_items
 
 
+def given_to_default_collate(error: Exception) -> object:
+    """The list that torch's default_collate was called with, where `error` came from it (else None)."""
+    frame = error.__traceback__
+    while frame is not None and Path(frame.tb_frame.f_code.co_filename) != DEFAULT_COLLATE_FILE:
+        frame = frame.tb_next
+    return frame.tb_frame.f_locals.get("batch") if frame is not None else None
+
+
+def unbatchable(items: list[Any]) -> str:
+    """What in a batch's items default_collate cannot batch, in words ("" if nothing is found): the
+    odd item out, by its index in the dataset where the items carry it (sampling.Samples)."""
+    indices = getattr(items, "indices", ())
+    if len(indices) == len(items):
+        names = [(f"dataset index {index}", f"index {index}") for index in indices]
+    else:  # a stream's items: only their place in the batch is known
+        names = [(f"position {place} of the batch", f"position {place}") for place in range(len(items))]
+    return _odd_field(list(items), "", names)
+
+
+def _odd_field(values: list[Any], field: str, names: list[tuple[str, str]]) -> str:
+    """What keeps default_collate from batching `values`, the `field` of every item: the item unlike the
+    most (in type, keys, length or shape), a value it cannot batch, or else the same in a nested field."""
+    if not values:
+        return ""
+    kinds = [_kind(value) for value in values]
+    usual = collections.Counter(kinds).most_common(1)[0][0]
+    normal = kinds.index(usual)
+    odd = next((place for place, kind in enumerate(kinds) if kind != usual), normal)
+    subject = f"field {field} of the item at {names[odd][0]}" if field else f"the item at {names[odd][0]}"
+    if odd != normal:
+        return f"{subject} {_difference(values[odd], values[normal], names[normal][1])}"
+    first = values[0]
+    if usual[0] == "other":
+        return f"{subject} is {_describe(first)}, which default_collate cannot batch; {_fix(first)}"
+    fields = first if isinstance(first, Mapping) else range(len(first)) if usual[0] in ("tuple", "list") else ()
+    for key in fields:
+        problem = _odd_field([value[key] for value in values], f"{field}[{key!r}]", names)
+        if problem:
+            return problem
+    return ""
+
+
+def _kind(value: Any) -> tuple[Any, ...]:
+    """What the items must agree on in a field for default_collate to batch it: its type, and its keys,
+    length or shape; ("other", ...) for what it cannot batch."""
+    if isinstance(value, Mapping):
+        return ("dict", frozenset(value))
+    if isinstance(value, str | bytes):
+        return ("text",)
+    if isinstance(value, tuple | list):
+        return ("list" if isinstance(value, list) else "tuple", len(value))
+    if isinstance(value, numbers.Number):
+        return ("number",)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape))
+    if getattr(getattr(value, "dtype", None), "kind", "") in ("b", "i", "u", "f", "c"):  # a NumPy array of numbers
+        return ("array", tuple(value.shape))
+    return ("other", type(value), str(getattr(value, "dtype", "")))
+
+
+def _difference(odd: Any, normal: Any, other: str) -> str:
+    """How a field of the odd item differs from that of the item at `other`, and the fix, in words."""
+    if isinstance(odd, Mapping) and isinstance(normal, Mapping):
+        missing = [key for key in normal if key not in odd]
+        if missing:
+            return f"has no key {missing[0]!r}, which the item at {other} has; give every item the same keys"
+        extra = next(key for key in odd if key not in normal)
+        return f"has a key {extra!r} that the item at {other} lacks; give every item the same keys"
+    if isinstance(odd, tuple) and isinstance(normal, tuple):
+        fields = f"{len(odd)} field{'s' * (len(odd) != 1)}, where the item at {other} has {len(normal)}"
+        return f"has {fields}; give every item the same fields"
+    pads = "(variable-length sequences) need a collate() in data.py that pads them"
+    if isinstance(odd, list) and isinstance(normal, list):
+        lengths = f"{len(odd)}, where the item at {other} holds a list of {len(normal)}"
+        return f"is a list of {lengths}; lists of different lengths {pads}"
+    if type(odd) is type(normal) and hasattr(odd, "shape"):
+        shapes = f"{list(odd.shape)}, where the item at {other} has {list(normal.shape)}"
+        return f"has shape {shapes}; items of different shapes {pads}"
+    text = odd if isinstance(odd, str | bytes) else normal if isinstance(normal, str | bytes) else None
+    fix = _fix(text) if text is not None else "give every item the same types"
+    return f"is {_describe(odd)}, where the item at {other} holds {_describe(normal)}; {fix}"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str | bytes):
+        return f"the {'bytes' if isinstance(value, bytes) else 'string'} {reprlib.repr(value)}"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return f"a NumPy array of {value.dtype}"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _fix(value: Any) -> str:
+    """How to give default_collate something it can batch instead of `value`."""
+    if value is None:
+        return "give it a value, or leave the field out of every item"
+    if isinstance(value, str | bytes):
+        return "default_collate batches text only where every item holds text: turn it into numbers in data.py"
+    if getattr(getattr(value, "dtype", None), "kind", "") in ("U", "S"):
+        return "turn the text into numbers in data.py (class indices, token ids)"
+    return "turn it into a tensor in data.py, or batch it in a collate() there"
+
+
 def split_size(dataset: Dataset, split: str) -> int:
     """Length of a map-style split, with a clear error when data.py returned something unusable."""
-    try:
-        size = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
+    length = getattr(type(dataset), "__len__", None)
+    if length is None:
         raise DataError(
             f"data.py: the {split} dataset must be a map-style Dataset with a length, or a torch IterableDataset"
-        ) from None
+        )
+    with in_your_code(f"taking the length of the {split} dataset"):
+        size = length(dataset)
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+        code = getattr(length, "__code__", None)
+        where = in_your_files([(Path(code.co_filename), code.co_firstlineno)]) if code is not None else []
+        raise DataError(
+            f"{(where or ['data.py'])[0]}: the {split} dataset's __len__ returned {size!r}; it must return its "
+            "number of samples, an int of 0 or more"
+        )
     if size == 0:
         raise DataError(f"data.py: the {split} dataset is empty")
-    return size
+    return int(size)

@@ -5,8 +5,10 @@ Managed by the looptpl template. Only rank 0 builds a `MetricLogger` or a `Progr
 
 import csv
 import dataclasses
+import io
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,16 +29,24 @@ class MetricLogger:
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
         self.tracker = open_tracker(config.tracker, run_dir, __package__ or "training", dataclasses.asdict(config))
 
-    def keep_until(self, epoch: int, step: int) -> None:
-        """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again."""
-        records, steps = self.records(), _read_jsonl(self.steps_path)
-        for path in (self.jsonl_path, self.csv_path, self.steps_path):
-            path.unlink(missing_ok=True)
-        for record in records:
-            if record["epoch"] <= epoch:
-                self._append(record)
-        with self.steps_path.open("a") as jsonl:
-            jsonl.writelines(json.dumps(record) + "\n" for record in steps if record["step"] <= step)
+    def keep_until(self, epoch: int, step: int) -> str:
+        """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again.
+
+        Each file is written anew under another name and renamed into place: a crash meanwhile leaves
+        the old file or the new one, never less. Returns what is wrong with a damaged log, or "".
+        """
+        try:
+            records = [record for record in self.records() if record["epoch"] <= epoch]
+            steps = [record for record in _read_jsonl(self.steps_path) if record["step"] <= step]
+        except ValueError as error:
+            return str(error)
+        _replace(self.jsonl_path, "".join(json.dumps(record) + "\n" for record in records))
+        _replace(self.steps_path, "".join(json.dumps(record) + "\n" for record in steps))
+        table = io.StringIO(newline="")
+        for number, record in enumerate(records):
+            _write_row(table, record, header=number == 0)
+        _replace(self.csv_path, table.getvalue())
+        return ""
 
     def records(self) -> list[dict[str, Any]]:
         """Every epoch record logged so far."""
@@ -73,12 +83,9 @@ class MetricLogger:
     def _append(self, record: dict[str, Any]) -> None:
         with self.jsonl_path.open("a") as jsonl:
             jsonl.write(json.dumps(record) + "\n")
-        new_file = not self.csv_path.exists()
+        new_table = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
         with self.csv_path.open("a", newline="") as table:
-            writer = csv.DictWriter(table, fieldnames=list(record))
-            if new_file:
-                writer.writeheader()
-            writer.writerow(record)
+            _write_row(table, record, header=new_table)
 
 
 class ProgressBar:
@@ -117,10 +124,52 @@ def _numbers(record: dict[str, Any]) -> dict[str, float]:
     return {name: value for name, value in numbers.items() if name != "step" and not isinstance(value, bool)}
 
 
+def _write_row(table: Any, record: dict[str, Any], header: bool) -> None:
+    writer = csv.DictWriter(table, fieldnames=list(record))
+    if header:
+        writer.writeheader()
+    writer.writerow(record)
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a log, one JSON object a line; a ValueError names a damaged line.
+
+    A last line without its newline was cut short (by a kill, or a full disk): it is dropped, with a
+    warning, unless it is whole.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    *lines, last = path.read_bytes().split(b"\n")
+    records = [_record(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if last.strip():
+        try:
+            records.append(_record(path, len(lines) + 1, last))
+        except ValueError:
+            print(f"warning: {path}: dropped its last line, cut short when the run stopped", flush=True)
+    return records
+
+
+def _record(path: Path, number: int, line: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except ValueError as error:  # not UTF-8, or not JSON
+        raise ValueError(f"{path}:{number} is damaged ({error}); delete that line or restore the file") from None
+    if not isinstance(record, dict) or not isinstance(record.get("epoch"), int):
+        raise ValueError(f"{path}:{number} is damaged (not a record of this run); delete that line or restore the file")
+    return record
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` anew in one step: to a temporary file, flushed to disk, then renamed over it."""
+    written = path.with_name(path.name + ".tmp")
+    try:
+        with written.open("w", newline="") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(written, path)
+    finally:
+        written.unlink(missing_ok=True)
 
 
 def _tensorboard_writer(log_dir: Path) -> Any:

@@ -3,8 +3,9 @@ optimizer states and moving average. Managed by the looptpl template.
 
 A sharded checkpoint is a folder (`epoch-NNNN.dcp`) written with torch.distributed.checkpoint
 (DCP): one `__R_0.distcp` file per rank R with that rank's shards, DCP's `.metadata` (a pickle:
-resume only from folders your own runs wrote), and `trainer.pt`, which rank 0 writes with
-everything else (counters, schedules, data position, every rank's RNG state). No rank ever holds
+resume only from folders your own runs wrote), `trainer.pt`, which rank 0 writes with
+everything else (counters, schedules, data position, every rank's RNG state), and, written last,
+`manifest.json`: each file's size and SHA-256, which every read checks first. No rank ever holds
 the whole model, so saving costs each rank only its part of the memory and of the write time, and
 the ranks write in parallel. DCP reshards on load: a folder written by 8 ranks resumes on 4, or on
 one process, which loads the whole model.
@@ -12,6 +13,9 @@ one process, which loads the whole model.
 `python -m <package>.consolidate` turns such a folder into one file, for inference or export.
 """
 
+import hashlib
+import json
+import os
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
@@ -24,8 +28,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
+from . import files
+from .errors import CheckpointError
+
 SUFFIX = ".dcp"
 TRAINER_FILE = "trainer.pt"
+MANIFEST = "manifest.json"
 SHARDED = "<sharded>"  # stands in trainer.pt for a tensor that DCP holds
 
 
@@ -95,12 +103,66 @@ def load(rest: Any, like: Any, folder: Path) -> Any:
 
 
 def read_trainer(folder: Path) -> dict[str, Any]:
-    return torch.load(folder / TRAINER_FILE, map_location="cpu", weights_only=True)
+    return files.load(folder / TRAINER_FILE)
+
+
+def seal(folder: Path, rank: int, world_size: int) -> None:
+    """Write the manifest of a folder every rank has finished writing into (every rank must call this).
+
+    Each rank hashes the files it wrote, so that hashing costs each rank only its share of the
+    checkpoint; rank 0 writes the manifest.
+    """
+    mine = [path.name for path in folder.iterdir() if path.name.startswith(f"__{rank}_")]
+    if rank == 0:
+        mine += [name for name in (".metadata", TRAINER_FILE) if (folder / name).exists()]
+    digests: list[dict[str, Any] | None] = [None] * world_size
+    dist.all_gather_object(digests, {name: _digest(folder / name) for name in mine})
+    if rank == 0:
+        manifest = {name: entry for part in digests for name, entry in (part or {}).items()}
+        written = files.temporary(folder / MANIFEST)
+        with written.open("w") as file:
+            json.dump(manifest, file, indent=1, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(written, folder / MANIFEST)
+
+
+def check(folder: Path, rank: int = 0, world_size: int = 1) -> str:
+    """Why the folder is damaged, in words, or "" when its files are as the manifest says.
+
+    Each rank hashes its share of the files (every rank must call this, and combine the answers).
+    A folder without a manifest was written by an older template: it is read unchecked.
+    """
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as error:
+        return f"its {MANIFEST} is unreadable ({error})"
+    present = {path.name for path in folder.iterdir()} - {MANIFEST}
+    if present != set(manifest):
+        return f"it does not hold the files its {MANIFEST} lists ({', '.join(sorted(present ^ set(manifest)))})"
+    for name in sorted(manifest)[rank::world_size]:
+        if _digest(folder / name) != manifest[name]:
+            return f"its {name} is damaged: it does not match the checksum written with it"
+    return ""
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """A file's size and SHA-256."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def load_whole(folder: Path) -> dict[str, Any]:
     """A sharded checkpoint as one dict of whole tensors on the CPU, in this one process (no other
     rank takes part): what a checkpoint file written by one process holds."""
+    problem = check(folder)
+    if problem:
+        raise CheckpointError(problem)
     rest = read_trainer(folder)
     stored = FileSystemReader(folder).read_metadata().state_dict_metadata
     like = _empty_like_stored(rest, stored, prefix="")
