@@ -99,3 +99,44 @@ def test_evaluation_shards_cover_the_split_once_and_pad_to_the_longest(sampling)
             assert batches[sampler.real_batches :] == [[0]] * (len(sampler) - sampler.real_batches)
             real += [index for part in expected for index in part]
         assert sorted(real) == list(range(size))
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Samples 0..99; from index `from_index` on, each adds a draw of the generator `kind`."""
+
+    def __init__(self, kind: str, from_index: int) -> None:
+        self.kind, self.from_index = kind, from_index
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> float:
+        if index < self.from_index or self.kind == "none":
+            return float(index)
+        import random
+
+        import numpy
+
+        draw = {"torch": lambda: torch.rand(()).item(), "python": random.random, "numpy": numpy.random.random}
+        return index + draw[self.kind]()
+
+
+@pytest.mark.parametrize("kind", ["none", "torch", "python", "numpy"])
+def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, kind):
+    # Only the generators data.py draws from are seeded; a draw first made deep in the data (index 60
+    # on) still gets the numbers a sample seeded for every generator gets, in any order of batches.
+    def seeded_for_every_generator(keys):
+        with sampling.callers_generators_kept():
+            items = []
+            for epoch, index in keys:
+                sampling.seed_generators(7, epoch, index)
+                items.append(Augmented(kind, 60)[index])
+            return items
+
+    batches = [[(1, index) for index in range(start, start + 10)] for start in range(0, 100, 10)]
+    for order in (batches, batches[::-1]):
+        samples = sampling.SeededSamples(Augmented(kind, 60), seed=7)
+        before = torch.get_rng_state()
+        assert [samples.__getitems__(keys) for keys in order] == [seeded_for_every_generator(keys) for keys in order]
+        assert torch.equal(torch.get_rng_state(), before)  # the caller's generators are left as they were
+        assert samples.seeded == (set() if kind == "none" else {kind})  # the others cost nothing
