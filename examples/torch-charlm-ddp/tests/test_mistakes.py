@@ -219,7 +219,7 @@ def test_bad_flag_values_are_one_line(mistakes, flags, message):
 
 def test_a_global_batch_larger_than_the_train_set_is_refused(mistakes):
     result = outcome(mistakes, "too_large_batch")
-    assert result.returncode == 1
+    assert result.returncode == 2
     expected = f"--global-batch-size {2 * split_sizes()[0]} is larger than the train set ({split_sizes()[0]} samples)"
     assert expected in result.stdout
 

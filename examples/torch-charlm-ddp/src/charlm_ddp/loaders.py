@@ -160,7 +160,7 @@ def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: i
     """The sampler of a map-style train set, or a message saying why the set cannot be split so."""
     size = split_size(train, "train")
     if config.global_batch_size > size:
-        raise DataError(
+        raise ConfigError(
             f"--global-batch-size {config.global_batch_size} is larger than the train set ({size} samples); "
             "lower it, or add data"
         )

@@ -9,7 +9,8 @@ few thousand positions at a time, so a train set of 10^8 samples starts as quick
 
 Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
 sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
-and after a resume.
+and after a resume. Only the generators data.py is seen to draw from are seeded, so a data set
+without random draws pays nothing for it.
 
 Evaluation: rank r takes samples r, r + N, r + 2N, ... A rank whose shard needs one batch fewer
 runs a padding batch, so every rank runs the same number of batches (FSDP needs that: each
@@ -95,11 +96,16 @@ class SeededSamples(Dataset):
     The caller's generators are restored after each batch (with no workers, torch's drives
     dropout on the CPU). Only CPU generators are seeded: data.py runs on the CPU, and a GPU's
     generator, which drives dropout there, is left alone.
+
+    Seeding three generators for every sample costs more than loading a small one, so only the
+    generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
+    moved another generator, it is loaded again with that one seeded too, and so are all that follow.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
+        self.seeded: set[str] = set()  # the generators data.py was seen to draw from
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -109,12 +115,16 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
-        with callers_generators_kept():
-            items = []
-            for epoch, index in keys:
-                seed_generators(self.seed, epoch, index)
-                items.append(self.dataset[index])
-            return Samples(items, [index for _, index in keys])
+        with callers_generators_kept() as callers:
+            while True:
+                items = []
+                for epoch, index in keys:
+                    seed_generators(self.seed, epoch, index, self.seeded)
+                    items.append(self.dataset[index])
+                drawn = moved_since(callers, GENERATORS - self.seeded)
+                if not drawn:  # then seeding the others would have changed nothing
+                    return Samples(items, [index for _, index in keys])
+                self.seeded |= drawn
 
 
 class IndexedSamples(Dataset):
@@ -136,28 +146,53 @@ class IndexedSamples(Dataset):
         return Samples(items, indices) if isinstance(items, list) else items
 
 
-@contextlib.contextmanager
-def callers_generators_kept() -> Iterator[None]:
-    """Restore torch's CPU generator, Python's and NumPy's afterwards: with no DataLoader workers
-    they drive dropout and the like in the training process."""
-    torch_state, python_state = torch.get_rng_state(), random.getstate()
-    numpy_state = numpy.random.get_state() if numpy else None
-    try:
-        yield
-    finally:
-        torch.set_rng_state(torch_state)
-        random.setstate(python_state)
-        if numpy_state is not None:
-            numpy.random.set_state(numpy_state)
+GENERATORS = frozenset({"torch", "python", "numpy"} if numpy else {"torch", "python"})
 
 
-def seed_generators(seed: int, epoch: int, position: int) -> None:
-    """Seed the CPU generators data.py may draw from, for the sample at `position` of `epoch`."""
-    mixed = (seed * 1_000_003 + epoch) * 2**32 + position
-    # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower.
-    torch.default_generator.manual_seed(mixed % 2**63)
-    random.seed(mixed)
+def generator_states() -> dict[str, Any]:
+    """The states of the CPU generators data.py may draw from: torch's, Python's and NumPy's."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if numpy:
+        states["numpy"] = numpy.random.get_state()
+    return states
+
+
+@contextlib.contextmanager
+def callers_generators_kept() -> Iterator[dict[str, Any]]:
+    """Restore torch's CPU generator, Python's and NumPy's afterwards: with no DataLoader workers
+    they drive dropout and the like in the training process. Yields their states."""
+    states = generator_states()
+    try:
+        yield states
+    finally:
+        torch.set_rng_state(states["torch"])
+        random.setstate(states["python"])
+        if numpy:
+            numpy.random.set_state(states["numpy"])
+
+
+def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
+    """Those of the generators `names` that drew since they had `states`."""
+    now = generator_states()
+    return {name for name in names if not _same(name, now[name], states[name])}
+
+
+def _same(name: str, left: Any, right: Any) -> bool:
+    if name == "torch":
+        return torch.equal(left, right)
+    if name == "numpy":  # ("MT19937", its keys as an array, position, has_gauss, cached_gaussian)
+        return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
+    return bool(left == right)
+
+
+def seed_generators(seed: int, epoch: int, position: int, names: Iterable[str] = GENERATORS) -> None:
+    """Seed the CPU generators `names` (all that data.py may draw from), for the sample at `position` of `epoch`."""
+    mixed = (seed * 1_000_003 + epoch) * 2**32 + position
+    if "torch" in names:  # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower
+        torch.default_generator.manual_seed(mixed % 2**63)
+    if "python" in names:
+        random.seed(mixed)
+    if "numpy" in names:
         numpy.random.seed(mixed % 2**32)
 
 
