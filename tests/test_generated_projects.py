@@ -109,7 +109,7 @@ def test_readme_table_names_every_file_of_the_package_and_whose_it_is(projects, 
 REFERENCE = {"torch": "single", "tensorflow": "one-device"}
 
 
-def tests_to_run(projects: dict[str, Path], strategy: str) -> list[str]:
+def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
     """The test files of a variant's suite that this suite runs.
 
     All of them for each backend's reference variant. For the others, a test file that reads the
@@ -139,10 +139,9 @@ def tests_to_run(projects: dict[str, Path], strategy: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_generated_project_passes_its_own_tests(projects, strategy):
-    files = [f"tests/{name}" for name in tests_to_run(projects, strategy)]
-    result = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=projects[strategy], timeout=1200
-    )
+    files = [f"tests/{name}" for name in suite_files(projects, strategy)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    result = run(command, cwd=projects[strategy], timeout=1200)
     assert result.returncode == 0, result.stdout[-8000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
 
