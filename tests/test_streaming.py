@@ -15,6 +15,7 @@ from conftest import (
     answers,
     copy_project,
     edit,
+    in_parallel,
     looptpl,
     records,
     relative_difference,
@@ -179,25 +180,27 @@ def test_evaluation_shards_cover_the_stream_once_and_pad_to_the_longest(streamin
 
 @pytest.mark.slow
 def test_a_stream_trains_alike_on_one_and_two_ranks_and_resumes_exactly(streamed, tmp_path):
-    train_torch(streamed, tmp_path / "one", *FLAGS)
-    train_torch(streamed, tmp_path / "two", *FLAGS, "--grad-accum-steps", "2", ranks=2)
+    every = ("--checkpoint-every", "10")
+
+    def stopped_and_resumed(name: str, *flags: str, ranks: int = 1) -> None:
+        """Stopped in the middle of the second pass, then resumed."""
+        train_torch(streamed, tmp_path / name, *FLAGS, *every, "--stop-after-step", "23", *flags, ranks=ranks)
+        train_torch(streamed, tmp_path / name, *FLAGS, *every, "--resume", *flags, ranks=ranks)
+
+    in_parallel(
+        lambda: train_torch(streamed, tmp_path / "one", *FLAGS),
+        lambda: train_torch(streamed, tmp_path / "two", *FLAGS, "--grad-accum-steps", "2", ranks=2),
+        lambda: stopped_and_resumed("resumed-0", "--num-workers", "0"),
+        lambda: stopped_and_resumed("resumed-2", "--num-workers", "2"),
+        lambda: stopped_and_resumed("resumed-two", ranks=2),
+    )
     one = trained_weights(tmp_path / "one")
     assert relative_difference(one, trained_weights(tmp_path / "two")) < 1e-5
     steps = [record["step"] for record in records(tmp_path / "one")]
     assert steps == [40]  # a streamed run is one epoch of --max-steps updates, over 2.5 passes
-
-    # Stopped in the middle of the second pass, resumed: the same run, to the bit.
+    # Resumed in the middle of the second pass: the same run, to the bit.
     for workers in ("0", "2"):
-        resumed = tmp_path / f"resumed-{workers}"
-        train_torch(
-            streamed, resumed, *FLAGS, "--checkpoint-every", "10", "--stop-after-step", "23", "--num-workers", workers
-        )
-        train_torch(streamed, resumed, *FLAGS, "--checkpoint-every", "10", "--resume", "--num-workers", workers)
-        assert relative_difference(one, trained_weights(resumed)) == 0
-    train_torch(
-        streamed, tmp_path / "resumed-two", *FLAGS, "--checkpoint-every", "10", "--stop-after-step", "23", ranks=2
-    )
-    train_torch(streamed, tmp_path / "resumed-two", *FLAGS, "--checkpoint-every", "10", "--resume", ranks=2)
+        assert relative_difference(one, trained_weights(tmp_path / f"resumed-{workers}")) == 0
     assert relative_difference(trained_weights(tmp_path / "two"), trained_weights(tmp_path / "resumed-two")) < 1e-6
 
 
