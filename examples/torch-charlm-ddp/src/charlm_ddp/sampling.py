@@ -115,16 +115,27 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
-        with callers_generators_kept() as callers:
+        indices = [index for _, index in keys]
+        callers = generator_states()
+        try:
             while True:
-                items = []
-                for epoch, index in keys:
-                    seed_generators(self.seed, epoch, index, self.seeded)
-                    items.append(self.dataset[index])
+                items = self._load(keys) if self.seeded else [self.dataset[index] for index in indices]
                 drawn = moved_since(callers, GENERATORS - self.seeded)
                 if not drawn:  # then seeding the others would have changed nothing
-                    return Samples(items, [index for _, index in keys])
+                    restore_generators(callers, self.seeded)  # the others are as they were
+                    return Samples(items, indices)
                 self.seeded |= drawn
+        except BaseException:
+            restore_generators(callers, GENERATORS)
+            raise
+
+    def _load(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """The samples, each loaded with the generators in `self.seeded` seeded for it."""
+        items = []
+        for epoch, index in keys:
+            seed_generators(self.seed, epoch, index, self.seeded)
+            items.append(self.dataset[index])
+        return items
 
 
 class IndexedSamples(Dataset):
@@ -157,18 +168,26 @@ def generator_states() -> dict[str, Any]:
     return states
 
 
+def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
+    """Set the generators `names` back to `states`."""
+    for name in names:
+        if name == "torch":
+            torch.set_rng_state(states["torch"])
+        elif name == "python":
+            random.setstate(states["python"])
+        else:
+            numpy.random.set_state(states["numpy"])
+
+
 @contextlib.contextmanager
-def callers_generators_kept() -> Iterator[dict[str, Any]]:
+def callers_generators_kept() -> Iterator[None]:
     """Restore torch's CPU generator, Python's and NumPy's afterwards: with no DataLoader workers
-    they drive dropout and the like in the training process. Yields their states."""
+    they drive dropout and the like in the training process."""
     states = generator_states()
     try:
-        yield states
+        yield
     finally:
-        torch.set_rng_state(states["torch"])
-        random.setstate(states["python"])
-        if numpy:
-            numpy.random.set_state(states["numpy"])
+        restore_generators(states, GENERATORS)
 
 
 def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
