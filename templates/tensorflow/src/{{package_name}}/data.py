@@ -7,7 +7,7 @@ The default is a synthetic classification task so the project trains before any 
 import numpy as np
 import tensorflow as tf
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 # TODO(data): set these to your inputs and targets; model.py reads them to size the network.
 NUM_FEATURES = 16

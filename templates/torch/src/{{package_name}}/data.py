@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 # TODO(data): set these to your inputs and targets; model.py reads them to size the network.
 NUM_FEATURES = 16

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import model
+from .. import model
 from .config import TrainConfig
 
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets: (bf16 and fp16, TF32), by a part of the name.

@@ -26,9 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from . import distributed, files, rng, sharded
+from .. import distributed
+from ..distributed import Runtime
+from . import files, rng, sharded
 from .config import TrainConfig
-from .distributed import Runtime
 from .errors import CheckpointError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from . import distributed
+from .. import distributed
 from .errors import CheckpointError
 
 

@@ -11,19 +11,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+# The files of this package that hold your code: an error raised in them is reported by file and line.
+USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py", "hooks.py")
+
+
+# How a failed collective reads (an FSDP forward is one): train.py explains those, not as a mistake in your code.
+COLLECTIVE_FAILURES = ("timed out", "Timed out", "Connection closed by peer", "Connection reset by peer", "NCCL")
+
 
 class RunError(Exception):
     """A run that cannot start or go on."""
 
     exit_code = 1
-
-    def __str__(self) -> str:
-        # Raised while TensorFlow traced a step, the error comes back re-made by AutoGraph, its
-        # message prefixed with the traced call stack: the problem is the last line.
-        text = super().__str__()
-        if text.startswith("in user code:"):
-            text = text.strip().splitlines()[-1].strip().removeprefix(f"{type(self).__name__}: ")
-        return text
+    # Raised alike on every rank (from all-reduced values), so the ranks can still leave together.
+    on_every_rank = True
 
 
 class ConfigError(RunError):
@@ -33,11 +34,21 @@ class ConfigError(RunError):
 
 
 class TrackerError(ConfigError):
-    """A --tracker that cannot start, or its tracker.json: raised where it logs, by the chief alone."""
+    """A --tracker that cannot start, or its tracker.json: raised where it logs, on one rank alone."""
+
+    on_every_rank = False
 
 
 class DataError(RunError):
-    """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
+    """Data from data.py that the loop cannot use."""
+
+    on_every_rank = False
+
+
+class StepError(RunError):
+    """What your code returned or raised on one batch, on one rank."""
+
+    on_every_rank = False
 
 
 class TrainingError(RunError):
@@ -48,39 +59,42 @@ class CheckpointError(RunError):
     """No usable checkpoint where one was expected."""
 
 
-def first_line(error: Exception) -> str:
-    """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
-    message = getattr(error, "message", None) or str(error)
-    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*"
-    lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
-    return next((line for line in lines if line), type(error).__name__)
-
-
-class StepError(DataError):
-    """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
-
-
-USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py")
-
-
 def in_your_files(places: Iterable[tuple[Path, int | None]]) -> list[str]:
     """`file:line` of each place (a file and a line) that is in one of your files of this package, in order."""
-    package = Path(__file__).parent
+    package = Path(__file__).parents[1]  # src/PKG: your files and train.py
     return [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
 
 
-def user_code_error(error: Exception, doing: str) -> Exception:
-    """One line for an exception raised in your code while TensorFlow traced it: your file and line.
+def user_code_error(error: Exception, doing: str) -> RunError:
+    """One line for an exception raised in your code: the file and line of yours it came from.
 
+    A DataLoader worker's error arrives as text, with the worker's traceback in its message.
     Errors that did not pass through a user file are the template's: they keep their traceback.
     """
+    text = str(error).strip()
+    if isinstance(error, RunError) and "\n" in text:  # a DataLoader worker's error, with its traceback
+        return type(error)(text.splitlines()[-1].split("Error: ", 1)[-1])
+    if any(sign in text for sign in COLLECTIVE_FAILURES):  # another rank died or hangs: not this batch's fault
+        raise error
+    if "Expected to have finished reduction in the prior iteration" in text:  # DistributedDataParallel's check
+        return StepError(
+            "some trainable weights got no gradient in the last update (a head or layer the loss does not use); DDP "
+            "needs every trained weight in every update: freeze unused ones with requires_grad_(False) in model.py"
+        )
+    if type(error).__name__ == "OutOfMemoryError":
+        return StepError(f"out of memory {doing}; lower --global-batch-size or raise --grad-accum-steps")
     places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+    places += [(Path(name), int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', text)]
     mine = in_your_files(places)
-    if not mine:
-        return error
     if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
-        return type(error)(f"{mine[-1]}: {error}")
-    return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")
+        return type(error)(f"{mine[-1]}: {text}") if mine else error
+    if not mine:
+        raise error
+    lines = [line for line in text.splitlines() if line.strip()]
+    message = lines[-1].strip() if lines else type(error).__name__
+    if not message.startswith(type(error).__name__):
+        message = f"{type(error).__name__}: {message}"
+    return StepError(f"{mine[-1]} failed {doing}: {message}")
 
 
 def three_datasets(returned: object) -> tuple[Any, Any, Any]:
@@ -112,11 +126,22 @@ def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
         raise problem from None
 
 
+def several_models_hint(models: object) -> str:
+    """in_your_code's hint for build_optimizer, when model.py returns a dict of models ("" otherwise)."""
+    if not isinstance(models, dict):
+        return ""
+    names = ", ".join(map(repr, models))
+    return (
+        f"model.py returns a dict of models, so build_optimizer receives the dict of those it trains ({names}): "
+        f"optimize model[{next(iter(models))!r}].parameters(), say, or return a dict of optimizers"
+    )
+
+
 def import_failure(error: Exception) -> str | None:
     """One line for an error raised as train.py imported this package, so your files: a syntax error's
     file and line, a name the template imports but a file lacks, or the line of yours that raised;
     None for an error of the template's own code."""
-    package = Path(__file__).parent
+    package = Path(__file__).parents[1]  # src/PKG: your files and train.py
     if isinstance(error, SyntaxError) and error.filename and package in Path(error.filename).parents:
         file = Path(error.filename).relative_to(package)
         return (

@@ -13,14 +13,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from ..distributed import Runtime
+from ..step import train_step
 from .collect import Mean, check_train_value, run_updates_in_a_loop
 from .config import TrainConfig
-from .distributed import Runtime
 from .errors import StepError, user_code_error
 from .profiling import CallProfiler
 from .sampling import part, rows
 from .stages import Stage
-from .step import train_step
 from .xla import compile_micro_step, xla_error
 
 SUM = tf.distribute.ReduceOp.SUM

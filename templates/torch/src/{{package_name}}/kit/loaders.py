@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from . import data, distributed
+from .. import data, distributed
 from .config import TrainConfig
 from .errors import ConfigError, DataError, in_your_code, in_your_files, user_code_error
 from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples

@@ -27,7 +27,8 @@ class MetricLogger:
         self.csv_path = run_dir / "metrics.csv"
         self.steps_path = run_dir / "steps.jsonl"
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
-        self.tracker = open_tracker(config.tracker, run_dir, __package__ or "training", dataclasses.asdict(config))
+        project = (__package__ or "training").partition(".")[0]
+        self.tracker = open_tracker(config.tracker, run_dir, project, dataclasses.asdict(config))
 
     def keep_until(self, epoch: int, step: int) -> str:
         """On resume, drop the records after the checkpoint (epoch `epoch`, update `step`): they are logged again.

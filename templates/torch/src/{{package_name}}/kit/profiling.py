@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from .distributed import Runtime
+from ..distributed import Runtime
 
 SKIPPED, WARMUP, RECORDED = 2, 1, 3
 

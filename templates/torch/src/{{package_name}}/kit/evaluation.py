@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from . import distributed
+from .. import distributed
+from ..metrics import dataset_metrics
+from ..step import eval_step
 from .collect import Gather, Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
 from .errors import StepError, TrainingError, user_code_error
 from .loaders import Loaders
-from .metrics import dataset_metrics
-from .step import eval_step
 
 RESERVED = ("samples", "epoch", "step", "lr")
 

@@ -13,12 +13,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..metrics import dataset_metrics
+from ..step import eval_step
 from .collect import Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
 from .errors import DataError, StepError, TrainingError, user_code_error
-from .metrics import dataset_metrics
-from .step import eval_step
 
 SUM = tf.distribute.ReduceOp.SUM
 RESERVED = ("samples", "epoch", "step", "lr")

@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from .distributed import Runtime
+from ..distributed import Runtime
 
 
 def state(runtime: Runtime) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from .distributed import Runtime
+from ..distributed import Runtime
 
 SKIPPED, RECORDED = 1, 3
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..data import make_batches
 from .config import TrainConfig
-from .data import make_batches
 from .errors import ConfigError, DataError, TrainingError
 
 

@@ -1,4 +1,4 @@
-"""One optimizer's part of an update: which weights it trains, and its scale, clip, check and step.
+"""The stages of an update, one per optimizer: which weights each trains, its schedule, scaler and NaN guard.
 
 Managed by the looptpl template: put your own code in step.py and optim.py.
 
@@ -10,8 +10,7 @@ networks neither compute nor synchronize gradients they would not use.
 
 import contextlib
 import math
-import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +18,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from . import distributed
+from .. import distributed
+from ..distributed import Runtime
 from .callbacks import NonFiniteGuard
+from .collect import Mean, check_train_value
 from .config import TrainConfig
-from .distributed import Runtime
-from .errors import DataError, TrainingError
+from .errors import DataError, StepError, TrainingError, user_code_error
 
 
 @dataclass
@@ -50,39 +50,6 @@ class Stage:
                 stack.enter_context(distributed.gradient_sync(model, enabled))
             yield
 
-    def step(self, factor: torch.Tensor, max_grad_norm: float, where: str) -> bool:
-        """Rescale, clip and apply the accumulated gradients; False if --nan-policy skip dropped the update.
-
-        `factor` turns the gradients that backward left into those of the exact global mean
-        (train_step.py). It is a tensor on the device: no host synchronization. Clipping folds it
-        in: the exact gradient's norm is these gradients' norm times `factor`, and one
-        multiplication applies both (one pass over the gradients instead of two).
-        """
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16-scaled ones
-        grads = [param.grad for param in self.params if param.grad is not None]
-        scale = factor
-        if max_grad_norm > 0 or self.nan_guard.skips_updates:
-            # The norm of the whole, synchronized gradient: the same value on every rank (logged as grad_norm).
-            self.grad_norm = torch.nn.utils.get_total_norm(grads) * factor
-            if max_grad_norm > 0:
-                scale = factor * (max_grad_norm / (self.grad_norm + 1e-6)).clamp(max=1.0)
-            # Reading the norm waits for the GPU, so only --nan-policy skip looks at it every update.
-            if self.nan_guard.skips_updates and not self.nan_guard.allow_update(
-                distributed.is_finite(self.grad_norm), where
-            ):
-                self.optimizer.zero_grad(set_to_none=True)
-                return False
-        torch._foreach_mul_(grads, scale)
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        # With fp16 an update with inf/NaN gradients is skipped and the scale lowered; the schedule
-        # only advances on updates that happened (reading the scale waits for the GPU: fp16 only).
-        if not (self.scaler.is_enabled() and self.scaler.get_scale() < scale_before):
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return True
-
 
 @contextlib.contextmanager
 def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
@@ -97,17 +64,37 @@ def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
             param.requires_grad_(True)
 
 
-def split_models(built: object) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
-    """model.py's network(s) by name, split into those with trainable weights and frozen ones."""
-    named: dict[str, object] = built if isinstance(built, dict) else {"model": built}
-    for name, module in named.items():
-        if not isinstance(module, nn.Module):
-            raise DataError(f"model.py: build_model must return an nn.Module or a dict of them; {name!r} is {module!r}")
-    modules = typing.cast(dict[str, nn.Module], named)
-    trained = {name: module for name, module in modules.items() if any(p.requires_grad for p in module.parameters())}
-    if not trained:
-        raise DataError("model.py: build_model returned no trainable weight (every parameter has requires_grad=False)")
-    return trained, {name: module for name, module in modules.items() if name not in trained}
+def micro_step_losses(
+    train_step: Callable[[Any, Any, TrainConfig], Any], models: Any, batch: Any, config: TrainConfig, first: str
+) -> Iterator[tuple[str, Mean]]:
+    """step.py's losses for one micro-batch, one per stage: a returned `Mean` is the first stage's,
+    a generator yields (name, Mean) pairs. Nothing runs before the first loss is asked for."""
+    result = train_step(models, batch, config)
+    if isinstance(result, Iterator):
+        yield from result
+    else:
+        yield first, result
+
+
+def next_loss(losses: Iterator[tuple[str, Mean]], stage: Stage, stages: list[Stage]) -> Mean:
+    """The loss that `stage` trains on from a micro-batch's `micro_step_losses`, checked."""
+    try:
+        given = next(losses)
+    except StopIteration:
+        raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
+    except Exception as error:
+        raise user_code_error(error, "in train_step") from None
+    if not (isinstance(given, tuple) and len(given) == 2) or (len(stages) > 1 and given[0] != stage.name):
+        names = [stage.name for stage in stages]
+        raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
+    return check_train_value(given[1], stage.name)
+
+
+def check_all_used(steps: list[Iterator[tuple[str, Mean]]], stages: list[Stage]) -> None:
+    """A step that yields more losses than there are optimizers has a loss nothing trains on."""
+    for losses in steps:
+        if next(losses, None) is not None:
+            raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(stages)})")
 
 
 def build_stages(

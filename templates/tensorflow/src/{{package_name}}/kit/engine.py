@@ -18,17 +18,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from ..distributed import Runtime
+from ..hooks import Hooks
+from ..model import build_model
+from ..optim import build_optimizer, build_schedule
 from .callbacks import EarlyStopping, HookCaller, Run
 from .checkpoint import Checkpointer, ConfigState, HooksState
 from .config import TrainConfig, check_resumable
-from .distributed import Runtime
 from .ema import WeightAverage
 from .errors import ConfigError, RunError, TrainingError, in_your_code
 from .evaluation import Evaluator, finite_or_raise
-from .hooks import Hooks
 from .logs import MetricLogger, ProgressBar
-from .model import build_model
-from .optim import build_optimizer, build_schedule
 from .sampling import TrainSplit, distribute_eval
 from .stages import build_stages, grad_norms, mean_losses, not_finite_message, split_models
 from .train_step import TrainStep

@@ -18,8 +18,8 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from ..distributed import Runtime
 from .config import TrainConfig
-from .distributed import Runtime
 from .errors import CheckpointError, first_line
 
 
