@@ -43,7 +43,7 @@ def test_new_renders_a_git_project_and_says_what_to_run(tmp_path):
     result = looptpl("new", str(destination), "--backend", "torch", "--strategy", "ddp")
     assert result.exit_code == 0, result.stderr
     assert "torchrun --standalone --nproc-per-node 2 -m my_proj.train" in result.stdout
-    assert (destination / "src" / "my_proj" / "engine.py").is_file()
+    assert (destination / "src" / "my_proj" / "train.py").is_file()
     assert answers(destination)["strategy"] == "ddp"
     assert answers(destination)["package_name"] == "my_proj"
     log = subprocess.run(["git", "log", "--oneline"], cwd=destination, capture_output=True, text=True, check=True)
@@ -72,7 +72,7 @@ def test_dry_run_writes_nothing(tmp_path):
     destination = tmp_path / "proj"
     result = looptpl("new", str(destination), "--backend", "torch", "--strategy", "single", "--dry-run")
     assert result.exit_code == 0, result.stderr
-    assert "src/proj/engine.py" in result.stdout
+    assert "src/proj/train.py" in result.stdout
     assert list(tmp_path.iterdir()) == []
 
 
@@ -255,7 +255,7 @@ def test_no_package_name_shadows_what_a_tracker_imports(tmp_path, tracker):
     probe.mkdir()
     (probe / "__init__.py").write_text("")
     for name in ("trackers.py", "errors.py"):
-        shutil.copy(REPO_ROOT / "templates" / "torch" / "src" / "{{package_name}}" / name, probe / name)
+        shutil.copy(REPO_ROOT / "templates" / "torch" / "src" / "{{package_name}}" / "kit" / name, probe / name)
     environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}  # SQLite
     environment.update(WANDB_MODE="offline", WANDB_SILENT="true")
     for folder in ("CONFIG", "CACHE", "DATA"):  # nothing written outside tmp_path

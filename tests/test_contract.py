@@ -93,9 +93,9 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
 # and the gradients, with and without --activation-checkpointing, dropout on.
 RECOMPUTATION = """
 import torch
-from charlm_ddp.config import parse_config
-from charlm_ddp.model import build_model
-from charlm_ddp.train_step import checkpoint_activations
+from charlm_ddp.kit.config import parse_config
+from charlm_ddp.kit.models import checkpoint_activations
+from charlm_ddp.model import build_model, checkpoint_units
 
 config = parse_config(["--width", "64", "--layers", "4", "--heads", "2", "--max-bytes", "128"])
 ids = torch.randint(0, 256, (8, 128), generator=torch.Generator().manual_seed(0))
@@ -105,7 +105,7 @@ def saved_bytes_and_gradients(recompute):
     torch.manual_seed(0)
     model = build_model(config).train()
     if recompute:
-        checkpoint_activations(model)
+        checkpoint_activations(model, checkpoint_units)
     weights = {param.untyped_storage().data_ptr() for param in model.parameters()}
     saved = []
 

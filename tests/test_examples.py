@@ -156,10 +156,20 @@ def test_example_runs_the_current_engine(example, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     package = Path("src") / recorded["package_name"]
+    yours = user_files(fresh / package)
     engine_files = [
-        path
-        for path in (fresh / package).iterdir()
-        if path.suffix == ".py" and path.name not in user_files(fresh / package)
+        path.relative_to(fresh / package)
+        for path in (fresh / package).rglob("*.py")
+        if path.parent != fresh / package or path.name not in yours
     ]
-    stale = [path.name for path in engine_files if (example / package / path.name).read_bytes() != path.read_bytes()]
+    stale = [
+        str(name)
+        for name in engine_files
+        if not (example / package / name).is_file()
+        or (example / package / name).read_bytes() != (fresh / package / name).read_bytes()
+    ]
     assert not stale, f"{example.name}: engine files differ from the template: {stale}"
+    # A template file the template no longer makes is gone from the example too.
+    kept = {Path(name) for name in engine_files} | {Path(name) for name in yours}
+    left = [str(path.relative_to(example / package)) for path in (example / package).rglob("*.py")]
+    assert not [name for name in left if Path(name) not in kept], f"{example.name}: files the template no longer makes"

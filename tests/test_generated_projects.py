@@ -74,6 +74,34 @@ def test_rendered_project_is_lint_and_type_clean_without_template_leftovers(proj
         assert result.returncode == 0, result.stdout
 
 
+# The reading path: the .py files directly in src/PKG/ (the loop file, the strategy's file, the user's
+# files); everything else lives in src/PKG/kit/. A newcomer reads the whole run in these.
+READING_PATH_FILES, READING_PATH_LINES = 10, 1200
+
+
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
+def test_the_reading_path_is_ten_files_and_1200_lines_at_most(projects, strategy):
+    package = projects[strategy] / "src" / package_of(projects[strategy])
+    files = sorted(path for path in package.glob("*.py") if path.name != "__init__.py")
+    lines = sum(len(path.read_text().splitlines()) for path in files)
+    assert len(files) <= READING_PATH_FILES, [path.name for path in files]
+    assert lines <= READING_PATH_LINES, f"{strategy}: the reading path holds {lines} lines"
+    assert {"train.py", "distributed.py"} | user_files(package) == {path.name for path in files}
+    # The user's files import the template from kit.api and kit.config only, never its internals.
+    for name in user_files(package):
+        imported = re.findall(r"^from \.(\S+) import", (package / name).read_text(), flags=re.MULTILINE)
+        assert {module for module in imported if module.startswith("kit")} <= {"kit.api", "kit.config"}, name
+
+
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "torch"])
+def test_one_function_holds_the_backward_the_clip_and_the_optimizer_step(projects, strategy):
+    """The update reads as one function of train.py, as a hand-written loop has it."""
+    train = (projects[strategy] / "src" / package_of(projects[strategy]) / "train.py").read_text()
+    functions = [node for node in ast.walk(ast.parse(train)) if isinstance(node, ast.FunctionDef)]
+    update = [ast.unparse(node) for node in functions if ".backward()" in ast.unparse(node)]
+    assert len(update) == 1 and ".step(stage.optimizer)" in update[0] and "max_grad_norm" in update[0]
+
+
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_todos_live_only_in_user_files(projects, strategy):
     package = projects[strategy] / "src" / package_of(projects[strategy])
@@ -83,8 +111,8 @@ def test_todos_live_only_in_user_files(projects, strategy):
     # hooks.py is yours too, but optional: its defaults do nothing and ask for nothing.
     assert with_todos == yours - {"hooks.py"}
     assert "This file is yours" in (package / "hooks.py").read_text()
-    for path in package.glob("*.py"):
-        if path.name not in yours | {"__init__.py"}:
+    for path in package.rglob("*.py"):
+        if path.parent != package or path.name not in yours | {"__init__.py"}:
             assert "Managed by the looptpl template" in path.read_text().split('"""')[1], path
 
 
@@ -246,10 +274,12 @@ TWINS = [
     "{{_copier_conf.answers_file}}.jinja",
     "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
     "src/{{package_name}}/__init__.py.jinja",
-    "src/{{package_name}}/plot.py.jinja",
+    "src/{{package_name}}/kit/__init__.py",
+    "src/{{package_name}}/kit/moved.py",
+    "src/{{package_name}}/kit/plot.py.jinja",
     "src/{{package_name}}/settings.py",
-    "src/{{package_name}}/config_file.py",
-    "src/{{package_name}}/trackers.py",
+    "src/{{package_name}}/kit/config_file.py",
+    "src/{{package_name}}/kit/trackers.py",
     "tests/test_no_conflict_markers.py",
     "tests/test_trackers.py.jinja",
 ]
@@ -263,7 +293,7 @@ def test_backend_twins_stay_identical(path):
 
 # Backend-neutral functions and classes inside files that differ between the backends: the same text in both.
 SHARED_DEFINITIONS = {
-    "src/{{package_name}}/logs.py": [
+    "src/{{package_name}}/kit/logs.py": [
         "MetricLogger",
         "ProgressBar",
         "_numbers",
@@ -273,9 +303,9 @@ SHARED_DEFINITIONS = {
         "_replace",
         "_format",
     ],
-    "src/{{package_name}}/collect.py": ["evaluation"],
-    "src/{{package_name}}/config.py.jinja": ["check_resumable", "flag", "parse_config", "_number"],
-    "src/{{package_name}}/errors.py": [
+    "src/{{package_name}}/kit/collect.py": ["evaluation"],
+    "src/{{package_name}}/kit/config.py.jinja": ["check_resumable", "flag", "parse_config", "_number"],
+    "src/{{package_name}}/kit/errors.py": [
         "ConfigError",
         "TrainingError",
         "CheckpointError",
@@ -284,7 +314,7 @@ SHARED_DEFINITIONS = {
         "three_datasets",
         "in_your_code",
     ],
-    "src/{{package_name}}/evaluation.py": ["finite_or_raise"],
+    "src/{{package_name}}/kit/evaluation.py": ["finite_or_raise"],
 }
 
 

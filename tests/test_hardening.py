@@ -305,13 +305,13 @@ def test_update_after_editing_package_name_in_the_answers_is_refused(generated):
 
 
 def test_update_names_a_deleted_engine_file_it_left_deleted(generated):
-    git(generated, "rm", "-q", "src/proj/engine.py")
+    git(generated, "rm", "-q", "src/proj/train.py")
     git(generated, "commit", "-qm", "Delete the engine")
     result = looptpl("update", str(generated))
     assert result.exit_code == 3, (result.stdout, result.stderr)
     assert "You deleted these generated files, so the update left them deleted" in result.stdout
-    assert "  src/proj/engine.py" in result.stdout
-    assert "need attention: src/proj/engine.py" in result.stderr
+    assert "  src/proj/train.py" in result.stdout
+    assert "need attention: src/proj/train.py" in result.stderr
     assert answers(generated)["_commit"] == V2  # the rest was merged
 
 
@@ -382,7 +382,7 @@ def test_rename_writes_nothing_through_a_symbolic_link(generated, case):
     assert head(generated) == head_before and git(generated, "status", "--porcelain") == ""
 
 
-@pytest.mark.parametrize("name", ["src/proj/engine.py", "tests"])
+@pytest.mark.parametrize("name", ["src/proj/train.py", "tests"])
 def test_update_refuses_a_symbolic_link_where_the_template_writes(generated, name):
     # copier would drop v1.1.0's engine fix without a word (the link is put back), or fail on the folder.
     outside = link_out(generated, name, generated.parent / "shared" / Path(name).name)
@@ -396,7 +396,7 @@ def test_update_refuses_a_symbolic_link_where_the_template_writes(generated, nam
 
 def test_an_update_with_committed_conflict_markers_is_refused(generated):
     """Markers committed from an earlier update would get nested inside the next merge's markers."""
-    engine = generated / "src" / "proj" / "engine.py"
+    engine = generated / "src" / "proj" / "train.py"
     engine.write_text(f"<<<<<<< before updating\nmine\n=======\ntheirs\n>>>>>>> after updating\n{engine.read_text()}")
     (generated / "README.md.rej").write_text("@@ -1 +1 @@\n-a\n+b\n")
     git(generated, "add", "-A")
@@ -406,7 +406,7 @@ def test_an_update_with_committed_conflict_markers_is_refused(generated):
         result = looptpl("update", str(generated), *dry_run)
         one_line_error(
             result,
-            "still holds an earlier update's conflict markers or .rej file (README.md, src/proj/engine.py); "
+            "still holds an earlier update's conflict markers or .rej file (README.md, src/proj/train.py); "
             "resolve them (keep what you need of each side and delete the marker lines, or apply the .rej by "
             "hand and delete it), commit, then update",
         )

@@ -16,7 +16,7 @@ def sampling(tmp_path_factory):
     assert looptpl("new", str(destination), "--backend", "torch", "--strategy", "ddp", "--defaults").exit_code == 0
     sys.path.insert(0, str(destination / "src"))
     try:
-        yield importlib.import_module("sampled.sampling")
+        yield importlib.import_module("sampled.kit.sampling")
     finally:
         sys.path.remove(str(destination / "src"))
 

@@ -98,7 +98,7 @@ def streaming(streamed):
     """The project's streaming module, imported."""
     sys.path.insert(0, str(streamed / "src"))
     try:
-        yield importlib.import_module("streamed.streaming")
+        yield importlib.import_module("streamed.kit.streaming")
     finally:
         sys.path.remove(str(streamed / "src"))
 

@@ -43,7 +43,7 @@ def sampling(streamed):
     """The project's sampling module, imported."""
     sys.path.insert(0, str(streamed / "src"))
     try:
-        yield importlib.import_module("tf_streamed.sampling")
+        yield importlib.import_module("tf_streamed.kit.sampling")
     finally:
         sys.path.remove(str(streamed / "src"))
 
@@ -112,7 +112,7 @@ def test_every_worker_keeps_its_replicas_parts_each_with_the_whole_batchs_positi
 def test_a_stream_is_refused_in_one_line_where_it_cannot_work(sampling):
     import tensorflow as tf
 
-    errors = importlib.import_module("tf_streamed.errors")
+    errors = importlib.import_module("tf_streamed.kit.errors")
     with pytest.raises(errors.ConfigError, match=r"train set is a stream .* train it for --max-steps"):
         stream_of(sampling, 103, max_steps=0)
     with pytest.raises(errors.ConfigError, match=r"--shuffle-buffer: data\.py's train set is a stream"):

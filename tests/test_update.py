@@ -68,7 +68,7 @@ def first_definition(lines: list[str]) -> int:
 
 def make_v2_fix(root: Path) -> None:
     """The template change between v1.0.0 and v1.1.0: an engine fix, shared-file fixes, a new file."""
-    engine = template_file(root, "engine.py")
+    engine = template_file(root, "train.py")
     lines = engine.read_text().splitlines(keepends=True)
     index = first_definition(lines)
     lines[index] = lines[index].rstrip("\n") + ENGINE_FIX + "\n"
@@ -79,18 +79,15 @@ def make_v2_fix(root: Path) -> None:
     pyproject.write_text(f"{PYPROJECT_FIX}\n{pyproject.read_text()}")
     data = template_file(root, "data.py")
     data.write_text(data.read_text() + f"\n{USER_FILE_CHANGE}\n")
-    (template_file(root, "engine.py").parent / "notes.py").write_text('"""Added by template v1.1.0."""\n')
+    (template_file(root, "train.py").parent / "notes.py").write_text('"""Added by template v1.1.0."""\n')
 
 
 def move_make_autocast(root: Path) -> None:
-    """A template change that moves code between files: make_autocast leaves train_step.py for a new precision.py."""
-    step = template_file(root, "train_step.py")
+    """A template change that moves code between files: make_autocast moves to a new kit/precision.py."""
+    step = template_file(root, "kit/models.py")
     text = step.read_text()
     start, end = text.index("AUTOCAST_DTYPES = "), text.index("def compile_model(")
-    step.write_text(
-        text[:start]
-        + text[end:].replace("class TrainStep", "from .precision import make_autocast  # noqa\n\n\nclass TrainStep")
-    )
+    step.write_text(text[:start] + "from .precision import make_autocast  # noqa\n\n\n" + text[end:])
     header = (
         '"""Autocast for --precision."""\n\nimport contextlib\nfrom collections.abc import Callable\n\nimport torch\n\n'
     )
@@ -159,7 +156,7 @@ def edit_like_a_user(project: Path) -> dict[Path, str]:
         text += f'\n\ndef my_{name}_helper() -> str:\n    return "{name} is mine"\n'
         path.write_text(text)
         filled[path] = text
-    engine = package / "engine.py"
+    engine = package / "train.py"
     engine.write_text(engine.read_text() + f"\n\n{USER_ENGINE_NOTE}\n")
     readme = project / "README.md"
     title, rest = readme.read_text().split("\n", 1)
@@ -173,7 +170,7 @@ def edit_like_a_user(project: Path) -> dict[Path, str]:
 def assert_updated_with_every_edit_kept(project: Path, filled: dict[Path, str]) -> None:
     package = project / "src" / answers(project)["package_name"]
     assert answers(project)["_commit"] == V2
-    engine = (package / "engine.py").read_text()
+    engine = (package / "train.py").read_text()
     assert ENGINE_FIX in engine and USER_ENGINE_NOTE in engine
     assert README_FIX in (project / "README.md").read_text()
     assert USER_README_LINE in (project / "README.md").read_text()
@@ -203,7 +200,7 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
 
     preview = looptpl("update", str(project), "--dry-run")
     assert preview.exit_code == 0, preview.stderr
-    for changed in ("src/proj/engine.py", "README.md", "pyproject.toml", "src/proj/notes.py"):
+    for changed in ("src/proj/train.py", "README.md", "pyproject.toml", "src/proj/notes.py"):
         assert changed in preview.stdout
     listed, owned = preview.stdout.split("The template changed its own version of files you own")
     assert "src/proj/data.py" not in listed  # yours: not merged, only shown as the template's change to it
@@ -249,7 +246,7 @@ def test_a_project_inside_a_monorepo_joins_it_and_updates_there(tmp_path, instal
     install(V2)
     result = looptpl("update", str(project))
     assert result.exit_code == 0, result.stderr
-    assert ENGINE_FIX in (project / "src" / "proj" / "engine.py").read_text()
+    assert ENGINE_FIX in (project / "src" / "proj" / "train.py").read_text()
     assert git(monorepo, "status", "--porcelain", "--", "models").strip()  # the merge waits for review
 
 
@@ -274,7 +271,7 @@ def test_plain_copier_copy_and_copier_update_keep_every_user_edit(tmp_path, temp
 def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, install):
     install(V1)
     project = new_project(tmp_path / "proj")
-    engine = project / "src" / "proj" / "engine.py"
+    engine = project / "src" / "proj" / "train.py"
     lines = engine.read_text().splitlines()
     index = first_definition(lines)
     template_line = lines[index] + ENGINE_FIX
@@ -285,8 +282,8 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
 
     install(V2)
     preview = looptpl("update", str(project), "--dry-run")
-    assert preview.exit_code == 3 and "src/proj/engine.py" in preview.stdout.split("clash")[1]
-    assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/engine.py"
+    assert preview.exit_code == 3 and "src/proj/train.py" in preview.stdout.split("clash")[1]
+    assert preview.stderr.strip() == "1 file(s) would need attention: src/proj/train.py"
     assert "moved to another file or removed" not in preview.stdout  # rewritten in place: a clash, not a move
     # data.py is the user's: an update keeps it as it is, and shows what the template changed in its own.
     assert "+++ src/proj/data.py\t(template v1.1.0)" in preview.stdout and f"+{USER_FILE_CHANGE}" in preview.stdout
@@ -294,7 +291,7 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
 
     result = looptpl("update", str(project))
     assert result.exit_code == 3
-    assert result.stderr.strip() == "1 file(s) need attention: src/proj/engine.py"
+    assert result.stderr.strip() == "1 file(s) need attention: src/proj/train.py"
     assert f"+{USER_FILE_CHANGE}" in result.stdout
     assert USER_FILE_CHANGE not in (project / "src" / "proj" / "data.py").read_text()
     # A user of plain `copier update` is told too: the project's own tests name the file.
@@ -304,9 +301,9 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
         timeout=300,
     )
     assert leftovers.returncode == 1
-    assert "src/proj/engine.py:" in leftovers.stdout and "conflict markers" in leftovers.stdout
+    assert "src/proj/train.py:" in leftovers.stdout and "conflict markers" in leftovers.stdout
     unfinished = looptpl("check", str(project))
-    assert unfinished.exit_code == 3 and "conflict markers or a .rej file for src/proj/engine.py;" in unfinished.stderr
+    assert unfinished.exit_code == 3 and "conflict markers or a .rej file for src/proj/train.py;" in unfinished.stderr
     merged = engine.read_text()
     assert "<<<<<<< before updating" in merged and ">>>>>>> after updating" in merged
     assert template_line in merged.splitlines()
@@ -318,10 +315,10 @@ def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, inst
     git(project, "clean", "-fdq")
     result = looptpl("update", str(project), "--conflict", "rej")
     assert result.exit_code == 3
-    assert "src/proj/engine.py" in result.stderr and ".rej" in result.stdout
+    assert "src/proj/train.py" in result.stderr and ".rej" in result.stdout
     assert looptpl("check", str(project)).exit_code == 3  # the .rej file marks the update unfinished
     assert template_line in engine.read_text().splitlines() and "<<<<<<<" not in engine.read_text()
-    assert "+" + lines[index] in (project / "src" / "proj" / "engine.py.rej").read_text().splitlines()
+    assert "+" + lines[index] in (project / "src" / "proj" / "train.py.rej").read_text().splitlines()
 
 
 def test_update_from_a_development_checkout(tmp_path, monkeypatch, template_repo):
@@ -591,7 +588,7 @@ def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, in
     install(V2)
     result = looptpl("update", str(project))
     assert result.exit_code == 0, (result.stdout, result.stderr)
-    assert "You deleted" not in result.stdout and ENGINE_FIX in (project / "src" / "proj" / "engine.py").read_text()
+    assert "You deleted" not in result.stdout and ENGINE_FIX in (project / "src" / "proj" / "train.py").read_text()
 
 
 def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path, install):
@@ -611,9 +608,9 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
     assert not (project / "src" / "proj").exists() and answers(project)["package_name"] == "vision"
     for path, text in filled.items():  # yours, moved as they are: they import their siblings relatively
         assert (package / path.name).read_text() == text
-    assert USER_ENGINE_NOTE in (package / "engine.py").read_text()
+    assert USER_ENGINE_NOTE in (package / "train.py").read_text()
     assert (package / "mine.py").read_text() == "from vision.model import build_model\n\nENTRY = 'vision.train'\n"
-    assert "from vision.ema import" in (project / "tests" / "test_ema.py").read_text()  # the template's files too
+    assert "from vision.kit.ema import" in (project / "tests" / "test_ema.py").read_text()  # the template's files too
     readme = (project / "README.md").read_text()
     assert "python -m vision.train" in readme and USER_README_LINE in readme
     assert "README.md:1: # proj" in result.stdout  # the project's name, not the package's: shown, left to the user
@@ -623,7 +620,7 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
     install(V2)
     updated = looptpl("update", str(project))
     assert updated.exit_code == 0, (updated.stdout, updated.stderr)
-    assert ENGINE_FIX in (package / "engine.py").read_text() and (package / "notes.py").is_file()
+    assert ENGINE_FIX in (package / "train.py").read_text() and (package / "notes.py").is_file()
     assert not (project / "src" / "proj").exists()  # no stray package under the old name
     train = [sys.executable, "-m", "vision.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
     environment = {**os.environ, "PYTHONPATH": str(project / "src")}
@@ -632,11 +629,11 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
 
 
 def test_an_edit_to_code_the_template_moved_is_named_with_where_the_code_went(tmp_path, install):
-    # v1.1.0 of this template moves make_autocast from train_step.py to precision.py; the user had edited it,
+    # v1.1.0 of this template moves make_autocast from kit/models.py to kit/precision.py; the user had edited it,
     # and copier alone would leave that edit where the function used to be.
     install(V1)
     project = new_project(tmp_path / "proj")
-    step = project / "src" / "proj" / "train_step.py"
+    step = project / "src" / "proj" / "kit" / "models.py"
     step.write_text(step.read_text().replace("    if dtype is None:", "    if dtype is None:  # mine: fp32 on CPUs"))
     git(project, "commit", "-qam", "My autocast")
     edited = step.read_text().splitlines().index("    if dtype is None:  # mine: fp32 on CPUs") + 1
@@ -645,9 +642,10 @@ def test_an_edit_to_code_the_template_moved_is_named_with_where_the_code_went(tm
         result = looptpl("update", str(project), *dry_run)
         assert result.exit_code == 3, (result.stdout, result.stderr)
         assert (
-            f"src/proj/train_step.py line {edited}: that template code is now in src/proj/precision.py" in result.stdout
+            f"src/proj/kit/models.py line {edited}: that template code is now in src/proj/kit/precision.py"
+            in result.stdout
         )
-        assert "need attention: src/proj/train_step.py" in result.stderr
+        assert "need attention: src/proj/kit/models.py" in result.stderr
 
 
 def test_a_dry_run_suggests_the_update_with_the_same_options(tmp_path, install):
@@ -674,3 +672,73 @@ def test_a_project_named_like_what_a_tracker_imports_still_renames_away(tmp_path
     result = looptpl("rename", "vision", str(project))
     assert result.exit_code != 2, result.stderr  # not refused (its files, which still say proj, clash: exit 3)
     assert answers(project)["package_name"] == "vision" and (project / "src" / "vision" / "train.py").is_file()
+
+
+# The last release made before the template's machinery moved into src/PKG/kit/ (#30).
+BEFORE_KIT = "5a090a1"
+
+
+def release_then_this_checkout(root: Path, commit: str) -> Path:
+    """A template repository tagged v1.0.0 (this repository's template at `commit`) and v1.1.0 (this checkout's)."""
+    root.mkdir(parents=True)
+    archive = root.parent / f"{commit}.tar"
+    subprocess.run(["git", "archive", "-o", str(archive), commit, "copier.yml", "templates"], cwd=REPO_ROOT, check=True)
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(root)], check=True)
+    git(root, "init", "-q")
+    for version in (V1, V2):
+        if version == V2:
+            shutil.rmtree(root / "templates")
+            copy_template(root)
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", f"Template {version}")
+        git(root, "tag", version)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["looptpl", "copier"])
+def test_a_project_made_before_the_kit_layout_updates_to_it_and_trains(tmp_path, install, tool):
+    known = subprocess.run(["git", "cat-file", "-e", f"{BEFORE_KIT}^{{commit}}"], cwd=REPO_ROOT, check=False)
+    if known.returncode != 0:
+        pytest.skip(f"this clone lacks the history back to {BEFORE_KIT}")
+    repository = release_then_this_checkout(tmp_path / "template", BEFORE_KIT)
+    project = tmp_path / "proj"
+    if tool == "looptpl":
+        install(V1, repository)
+        new_project(project, strategy="ddp")
+    else:
+        copy = [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", V1, "-d", "project_name=proj"]
+        assert run([*copy, "-d", "strategy=ddp", str(repository), str(project)], cwd=tmp_path).returncode == 0
+        for command in (["init", "-q"], ["add", "--all"], ["commit", "-qm", "Generate"]):
+            git(project, *command)
+    package = project / "src" / "proj"
+    assert (package / "engine.py").is_file() and "from .collect import" in (package / "step.py").read_text()
+    filled = {}
+    for name in USER_FILES:  # filled in, keeping the imports of their day (`from .collect import Mean`)
+        path = package / f"{name}.py"
+        path.write_text(
+            path.read_text().replace("# TODO(", "# DONE(") + f'\n\ndef my_{name}() -> str:\n    return "mine"\n'
+        )
+        filled[path] = path.read_text()
+    git(project, "commit", "-qam", "Fill the TODOs")
+
+    if tool == "looptpl":
+        install(V2, repository)
+        result = looptpl("update", str(project))
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+    else:
+        result = run([sys.executable, "-m", "copier", "update", "--defaults"], cwd=project, timeout=300)
+        assert result.returncode == 0, result.stdout
+    for path, text in filled.items():
+        assert path.read_text() == text, f"{path.name} is yours and must not change"
+    # The template's modules moved into kit/, without leftovers beside the reading path.
+    assert {path.name for path in package.glob("*.py")} == {f"{name}.py" for name in USER_FILES} | {
+        "__init__.py",
+        "train.py",
+        "distributed.py",
+    }
+    assert (package / "kit" / "checkpoint.py").is_file() and not list(project.rglob("*.rej"))
+    env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
+    assert trained.returncode == 0 and "test_loss" in trained.stdout, trained.stdout[-5000:]
