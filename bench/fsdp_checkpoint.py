@@ -94,14 +94,14 @@ def worker(args: argparse.Namespace) -> None:
     distributed = importlib.import_module(f"{package}.distributed")
     flags = ["--device", "cpu", "--run-dir", str(args.worker / "run"), "--hidden-size", str(args.hidden_size)]
     flags += ["--keep-checkpoints", "1"] + (["--async-checkpoints"] if args.mode == "background" else [])
-    config = importlib.import_module(f"{package}.config").parse_config(flags)
+    config = importlib.import_module(f"{package}.kit.config").parse_config(flags)
     runtime = distributed.setup(config)
     model = distributed.wrap_model(importlib.import_module(f"{package}.model").build_model(config), runtime)
     optimizer = importlib.import_module(f"{package}.optim").build_optimizer(model, config)
     for parameter in model.parameters():
         parameter.grad = torch.ones_like(parameter)
     optimizer.step()  # the optimizer now holds both moments, as it does in any checkpoint
-    checkpointer = importlib.import_module(f"{package}.checkpoint").Checkpointer(
+    checkpointer = importlib.import_module(f"{package}.kit.checkpoint").Checkpointer(
         args.worker / "run", runtime, config, model, [optimizer], None
     )
     checkpointer.sharded = args.mode != "whole"
@@ -126,7 +126,7 @@ def worker(args: argparse.Namespace) -> None:
             "size_mib": size / 2**20,
         }
         print(json.dumps(record), flush=True)
-        files = importlib.import_module(f"{package}.files")
+        files = importlib.import_module(f"{package}.kit.files")
         files.remove(written)
     distributed.teardown(wait_for_others=True)
 

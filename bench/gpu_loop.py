@@ -142,8 +142,8 @@ from typing import Any
 from gpu_workloads import losses
 from torch import nn
 
-from .collect import Gather, Mean, evaluation
-from .config import TrainConfig
+from .kit.api import Gather, Mean, evaluation
+from .kit.config import TrainConfig
 
 
 def train_step(model: nn.Module, batch: Any, config: TrainConfig) -> Mean:

@@ -288,8 +288,8 @@ def run_generated(worker: Worker, project: Path, flags: list[str]) -> None:
     source = project / "src"
     (package,) = [path.name for path in source.iterdir() if (path / "train.py").exists()]
     sys.path.insert(0, str(source))
-    names = ("config", "distributed", "engine", "train")
-    modules = {name: importlib.import_module(f"{package}.{name}") for name in names}
+    names = {"config": "kit.config", "distributed": "distributed", "train": "train"}
+    modules = {name: importlib.import_module(f"{package}.{module}") for name, module in names.items()}
     if hasattr(modules["distributed"], "shard_units"):
         modules["distributed"].shard_units = shard_units  # FSDP's units: the blocks (model.py's job in a project)
     # --activation-checkpointing recomputes the same blocks (model.py's checkpoint_units in a project).
@@ -311,7 +311,7 @@ def run_generated(worker: Worker, project: Path, flags: list[str]) -> None:
     runtime = modules["distributed"].setup(config)
     modules["train"].seed_everything(config.seed)
     evaluation = build_dataset(shape, shape.batch, seed=2)
-    trainer = modules["engine"].Trainer(config, runtime, build_model(shape), (worker.dataset, evaluation, evaluation))
+    trainer = modules["train"].Trainer(config, runtime, build_model(shape), (worker.dataset, evaluation, evaluation))
     modules["train"].seed_everything(config.seed + runtime.rank)
     if trainer.updates_per_epoch != args.steps:
         raise RuntimeError(f"{project.name} trains {trainer.updates_per_epoch} updates an epoch, not {args.steps}")

@@ -89,8 +89,9 @@ def render_project(root: Path) -> types.ModuleType:
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
     sys.path.insert(0, str(destination / "src"))
     package = importlib.import_module(package_dir.name)
-    for module in ("train", "engine", "config", "data", "model"):
+    for module in ("train", "data", "model"):
         setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
+    package.config = importlib.import_module(f"{package_dir.name}.kit.config")
     return package
 
 
@@ -142,7 +143,7 @@ def run_generated(run: Run, round_index: int, extra_flags: str = "") -> Timings:
     project, args = run.project, run.args
     clock = EpochClock()
 
-    class TimedTrainer(project.engine.Trainer):  # type: ignore[name-defined,misc]
+    class TimedTrainer(project.train.Trainer):  # type: ignore[name-defined,misc]
         def train_epoch(self, epoch: int) -> dict[str, float]:
             clock.start()
             result: dict[str, float] = super().train_epoch(epoch)

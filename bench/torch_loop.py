@@ -8,7 +8,7 @@ project's task, with a larger train split) and the same global batch:
                 the metric logger, validation and checkpoints on; only `train_epoch` is timed
   hand-written  DataLoader(TensorDataset, shuffle=True), AdamW, clip_grad_norm_, loss.mean()
   lightning     lightning.Trainer on CPU, 1 device, no logger, bar, checkpoints or validation
-  no-hook       with --hook-cost: the generated loop from a second render whose engine.py has the
+  no-hook       with --hook-cost: the generated loop from a second render whose train.py has the
                 after_update hook call deleted; generated / no-hook is what the default (no-op)
                 hooks.py costs on the hot path
 
@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 TARGET_RATIO = 0.95  # generated / hand-written, as the project states it
-HOOK_CALL = '            self.hook("after_update", self.run)'  # engine.py's call of the per-update hook
+HOOK_CALL = '            self.hook("after_update", self.run)'  # train.py's call of the per-update hook
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
 
 
@@ -90,22 +90,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def render_project(root: Path, name: str = "benchproj", drop_line: str = "") -> types.ModuleType:
     """`looptpl new` a torch/single project `name` under `root` and import its package; `drop_line`
-    (if given) is deleted from its engine.py first, and must be there."""
+    (if given) is deleted from its train.py first, and must be there."""
     destination = root / name
     looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
     command = [looptpl, "new", str(destination), "--backend", "torch", "--strategy", "single", "--defaults", "--no-git"]
     subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
     if drop_line:
-        engine = package_dir / "engine.py"
+        engine = package_dir / "train.py"
         source = engine.read_text()
         if source.count(drop_line + "\n") != 1:
-            raise RuntimeError(f"engine.py does not hold the line {drop_line.strip()!r} once")
+            raise RuntimeError(f"train.py does not hold the line {drop_line.strip()!r} once")
         engine.write_text(source.replace(drop_line + "\n", ""))
     sys.path.insert(0, str(destination / "src"))
     package = importlib.import_module(package_dir.name)
-    for module in ("train", "engine", "config", "data", "model", "optim"):
+    for module in ("train", "data", "model", "optim"):
         setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
+    package.config = importlib.import_module(f"{package_dir.name}.kit.config")
     return package
 
 
@@ -167,10 +168,10 @@ class Run:
 def run_generated(run: Run, round_index: int, project: types.ModuleType | None = None) -> list[tuple[float, float]]:
     """The project's `train.main()` with the bigger train split; times `Trainer.train_epoch`."""
     project, args = project or run.project, run.args
-    train_module, engine = project.train, project.engine
+    train_module = project.train
     clock = EpochClock()
 
-    class TimedTrainer(engine.Trainer):  # type: ignore[name-defined,misc]
+    class TimedTrainer(train_module.Trainer):  # type: ignore[name-defined,misc]
         def train_epoch(self, epoch: int) -> dict[str, float]:
             # A single process keeps every sample, the short last batch included; check it anyway.
             sampler = self.loaders.sampler

@@ -91,7 +91,7 @@ RUN = (
     Run(
         r"looptpl new myproj --backend tensorflow --strategy (one-device|mirrored|multi-worker) --defaults --dry-run",
         "scratch",
-        "train_step.py",
+        "kit/stages.py",
     ),
     Run(rf"{TRAIN} --device cpu --epochs [1-3]", "scratch", "test_loss"),
     Run(rf"{TRAIN} --cpu-replicas 2 --epochs [1-3]", "scratch", "test_loss", project="mirrored"),
@@ -189,7 +189,7 @@ COVERED = (
     ),
     Covered(
         r"export TF_CONFIG=\{.*\}",
-        "myproj/src/myproj/launch.py",
+        "myproj/src/myproj/kit/launch.py",
         ('"TF_CONFIG": tf_config(addresses, index)',),
         "several machines; launch.py gives each local worker such a TF_CONFIG, and the tests launch through it",
         project="multi-worker",
@@ -197,19 +197,19 @@ COVERED = (
     Covered(
         rf"{TRAIN} --run-dir /shared/\S+",
         "myproj/tests/conftest.py",
-        ('"-m", "myproj.launch", "--workers"',),
+        ('"-m", "myproj.kit.launch", "--workers"',),
         "several machines; the project's tests start two workers on one machine with launch.py",
         project="multi-worker",
     ),
     Covered(
-        r"python -m myproj\.launch --workers \d+ -- --epochs \d+",
+        r"python -m myproj\.kit\.launch --workers \d+ -- --epochs \d+",
         "myproj/tests/conftest.py",
-        ('"-m", "myproj.launch", "--workers"',),
+        ('"-m", "myproj.kit.launch", "--workers"',),
         "a two-worker run takes 20 s; the project's tests launch two workers the same way",
         project="multi-worker",
     ),
     Covered(
-        r"python -m myproj\.launch --workers \d+ --max-restarts \d+ -- --epochs \d+",
+        r"python -m myproj\.kit\.launch --workers \d+ --max-restarts \d+ -- --epochs \d+",
         FAULT_TESTS,
         ("def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run", '"--max-restarts"'),
         "the test kills a worker under launch.py --max-restarts and compares with an uninterrupted run",
@@ -228,9 +228,9 @@ COVERED = (
         "the project's test trains with bf16 and with fp16",
     ),
     Covered(
-        r"python -m myproj\.plot runs",
+        r"python -m myproj\.kit\.plot runs",
         TRAINING_TESTS,
-        ("def test_plot_writes_curves_or_explains_what_is_missing", '"myproj.plot"'),
+        ("def test_plot_writes_curves_or_explains_what_is_missing", '"myproj.kit.plot"'),
         "needs a finished run; the test trains, then plots it",
     ),
     Covered(
@@ -248,7 +248,7 @@ COVERED = (
         flags_in_file=True,
     ),
     Covered(
-        r"python -m myproj\.consolidate \S+ \S+( --weights-only)?",
+        r"python -m myproj\.kit\.consolidate \S+ \S+( --weights-only)?",
         "templates/torch/tests/{% if strategy != 'single' %}test_distributed.py{% endif %}.jinja",
         ("def test_every_rank_writes_its_own_shards_and_consolidate_puts_them_together", '"--weights-only"'),
         "needs a sharded checkpoint from two fsdp ranks; the fsdp project's test writes one and consolidates it",
@@ -404,7 +404,7 @@ def run_command(command: str, rule: Run, projects: dict[str, Path]) -> tuple[str
 HELP_COMMANDS = (
     ("torch", "torchrun --help"),
     *((strategy, TRAIN_HELP) for strategy in TF_STRATEGIES),
-    ("multi-worker", "python -m myproj.launch --help"),
+    ("multi-worker", "python -m myproj.kit.launch --help"),
 )
 
 
@@ -515,7 +515,7 @@ def test_flags_in_commands_exist(exercised):
         if "myproj.launch" in words and "--" in words:
             # launch.py's own flags come before --, the trainer's after it.
             own, train = words[words.index("myproj.launch") + 1 : words.index("--")], words[words.index("--") + 1 :]
-            known = flags_of("multi-worker", "python -m myproj.launch --help")
+            known = flags_of("multi-worker", "python -m myproj.kit.launch --help")
             problems += [f"{command!r}: launch.py has no {flag}" for flag in sorted({*own} - known) if flag[:2] == "--"]
             unknown = {word for word in train if word.startswith("--")} - flags_of("multi-worker", TRAIN_HELP)
             problems += [f"{command!r}: the trainer has no {flag}" for flag in sorted(unknown)]

@@ -56,8 +56,8 @@ VARIANTS = (
         "tensorflow",
         "multi-worker",
         "MultiWorkerMirroredStrategy: several machines, each given TF_CONFIG.",
-        "python -m PKG.launch --workers N",
-        "python -m PKG.launch --workers 2 -- --epochs 3",
+        "python -m PKG.kit.launch --workers N",
+        "python -m PKG.kit.launch --workers 2 -- --epochs 3",
     ),
 )
 

@@ -19,7 +19,7 @@ def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Datase
 
     Every element is one sample, unbatched: a tensor, a tuple or a dict of tensors (step.py
     receives them batched by `make_batches`). Every worker calls this with the same config and
-    must get the same samples in the same order: the engine shuffles, batches and shards, so do
+    must get the same samples in the same order: the loop shuffles, batches and shards, so do
     none of that here. A dataset of unknown size (`dataset.cardinality()`; read from files, say)
     is a stream: trained in its order, pass after pass, for --max-steps updates. To train a
     file-based one in shuffled epochs, add `.apply(tf.data.experimental.assert_cardinality(n))`.
@@ -42,6 +42,6 @@ def make_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
     """Cut a dataset of samples into batches of `batch_size` (the last one may be short).
 
     Pad variable-length sequences here: `dataset.padded_batch(batch_size)`. Keep every sample, in
-    order: the engine has shuffled and sharded already and counts each sample once.
+    order: the loop has shuffled and sharded already and counts each sample once.
     """
     return dataset.batch(batch_size)

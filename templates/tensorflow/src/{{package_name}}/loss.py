@@ -10,7 +10,7 @@ import tensorflow as tf
 def per_sample_loss(outputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
     """Return the loss of each sample, shape `[batch]`, without averaging.
 
-    step.py wraps these in `Mean`: the engine sums them and divides by the number of samples in
+    step.py wraps these in `Mean`: the loop sums them and divides by the number of samples in
     the whole global batch (all replicas, all accumulation steps), so the gradient is exactly that
     of the mean loss.
     """

@@ -10,7 +10,7 @@ from .kit.config import TrainConfig
 
 
 def build_model(config: TrainConfig) -> keras.Model:
-    """Build the network; the engine calls this under `strategy.scope()`.
+    """Build the network; the loop calls this under `strategy.scope()`.
 
     Start from `keras.Input` so the weights exist at once: the optimizer and the checkpoint need
     them before the first step. Every worker builds it with the same seed, so all replicas start

@@ -18,10 +18,10 @@ def build_schedule(config: TrainConfig, total_steps: int) -> keras.optimizers.sc
 def build_optimizer(
     config: TrainConfig, schedule: keras.optimizers.schedules.LearningRateSchedule
 ) -> keras.optimizers.Optimizer:
-    """Build the optimizer; the engine calls this under `strategy.scope()`.
+    """Build the optimizer; the loop calls this under `strategy.scope()`.
 
     Leave out `clipnorm` and `global_clipnorm`: Keras would clip each replica's share of the
-    gradients before summing them; the engine clips the summed gradient (--max-grad-norm).
+    gradients before summing them; the loop clips the summed gradient (--max-grad-norm).
     """
     # TODO(optim): choose your optimizer; --lr (through the schedule) and --weight-decay feed it.
     # epsilon=1e-8 is PyTorch's default (Keras' is 1e-7): the torch and TensorFlow templates then train alike.

@@ -2,8 +2,8 @@
 
 This file is yours: `copier update` keeps your edits here.
 
-The engine calls `train_step` once per micro-batch and `eval_step` once per evaluation batch,
-on every replica, inside its tf.function. Return values to average (`Mean`) and the engine does
+The loop calls `train_step` once per micro-batch and `eval_step` once per evaluation batch,
+on every replica, inside its tf.function. Return values to average (`Mean`) and the loop does
 the rest: it averages them over the whole global batch (every replica and accumulation
 micro-step), computes the gradients, sums them over the replicas, clips and applies them.
 docs/todos.md shows other shapes: a language model with token-weighted loss, dict batches, a GAN
@@ -25,7 +25,7 @@ def train_step(model: keras.Model, batch: Any, config: TrainConfig) -> Mean:
 
     `model` is what model.py built; `config` holds every flag, yours from settings.py too. With
     several optimizers (optim.py returns a dict), make this a generator that yields
-    `name, Mean(...)` once per optimizer, in the dict's order: the engine applies that
+    `name, Mean(...)` once per optimizer, in the dict's order: the loop applies that
     optimizer's update before resuming the generator.
     """
     # TODO(step): call your model the way it takes your batch; here a batch is an (inputs, targets) pair.

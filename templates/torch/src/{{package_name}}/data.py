@@ -20,7 +20,7 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
     """Return the (train, validation, test) datasets.
 
     An item can be anything `collate` turns into a batch: a tensor, a tuple, a dict. Every rank
-    calls this with the same config and must get the same datasets: the engine shards them, so do
+    calls this with the same config and must get the same datasets: the loop shards them, so do
     not shard here. Open files lazily in `__getitem__` (not here): each DataLoader worker must
     open its own handle.
     """

@@ -16,7 +16,7 @@ from .kit.config import TrainConfig
 
 
 class Hooks:
-    """One object per run. The engine calls its methods; these defaults do nothing, and a method
+    """One object per run. The loop calls its methods; these defaults do nothing, and a method
     you delete does nothing either."""
 
     def __init__(self, config: TrainConfig) -> None:

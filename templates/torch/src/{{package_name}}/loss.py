@@ -10,7 +10,7 @@ from torch.nn import functional as F
 def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Return the loss of each sample, shape `[batch]`, without averaging.
 
-    step.py wraps these in `Mean`: the engine sums them and divides by the number of samples in
+    step.py wraps these in `Mean`: the loop sums them and divides by the number of samples in
     the whole global batch (all ranks, all accumulation steps), so the gradient is exactly that of
     the mean loss.
     """

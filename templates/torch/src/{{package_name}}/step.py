@@ -2,8 +2,8 @@
 
 This file is yours: `copier update` keeps your edits here.
 
-The engine calls `train_step` once per micro-batch and `eval_step` once per evaluation batch,
-with the batch already on the device. Return values to average (`Mean`) and the engine does the
+The loop calls `train_step` once per micro-batch and `eval_step` once per evaluation batch,
+with the batch already on the device. Return values to average (`Mean`) and the loop does the
 rest: it averages them over the whole global batch (every rank and accumulation micro-step),
 back-propagates, synchronizes, clips and steps. docs/todos.md shows other shapes: a language
 model with token-weighted loss, dict batches, a GAN (several optimizers), distillation and a
@@ -26,7 +26,7 @@ def train_step(model: nn.Module, batch: Any, config: TrainConfig) -> Mean:
     `model` is what model.py built (wrapped for the strategy); `config` holds every flag, yours
     from settings.py too. With several optimizers (optim.py
     returns a dict), make this a generator that yields `name, Mean(...)` once per optimizer, in
-    the dict's order: the engine steps that optimizer before resuming the generator.
+    the dict's order: the loop steps that optimizer before resuming the generator.
     """
     # TODO(step): call your model the way it takes your batch; here a batch is an (inputs, targets) pair.
     inputs, targets = batch

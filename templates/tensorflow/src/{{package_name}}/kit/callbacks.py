@@ -2,7 +2,7 @@
 
 Managed by the looptpl template: edit hooks.py instead. `Run` is what hooks.py sees of a run.
 `EarlyStopping` runs on every worker with the same all-reduced metric values, and the chief's
-decision is shared (engine.py). The NaN policy is in train_step.py, the logs in logs.py.
+decision is shared (train.py). The NaN policy is in train.py's TrainStep, the logs in logs.py.
 """
 
 import json

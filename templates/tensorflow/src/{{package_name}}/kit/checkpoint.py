@@ -44,7 +44,7 @@ class ConfigState(tf.train.experimental.PythonState):
 class HooksState(tf.train.experimental.PythonState):
     """What hooks.py's `state_dict` returned, as JSON, stored in every checkpoint.
 
-    The engine sets `text` before each save; a restore leaves the checkpoint's copy in `saved`
+    The loop sets `text` before each save; a restore leaves the checkpoint's copy in `saved`
     for hooks.py's `load_state_dict`.
     """
 

@@ -1,11 +1,11 @@
-"""What step.py returns, and how the engine averages it. Managed by the looptpl template.
+"""What step.py returns, and how the loop averages it. Managed by the looptpl template.
 
-A step returns values and says how much each one counts; the engine does the averaging, over
+A step returns values and says how much each one counts; the loop does the averaging, over
 the whole global batch (every replica, every accumulation micro-step) in training and over
 every sample of a split in evaluation. Returning the average of a micro-batch instead would
 weigh a short or sparse micro-batch like a full one: the classic gradient-accumulation bug.
 
-Everything here runs inside the engine's tf.function, once per replica.
+Everything here runs inside the loop's tf.function, once per replica.
 """
 
 from dataclasses import dataclass
@@ -16,8 +16,8 @@ from .errors import StepError
 
 SUM = tf.distribute.ReduceOp.SUM
 
-# Whether the engine runs several updates in one tf.function call (--steps-per-call above 1); set
-# by train_step.py before it traces.
+# Whether the loop runs several updates in one tf.function call (--steps-per-call above 1); set
+# by train.py's TrainStep before it traces.
 _updates_in_a_loop = False
 
 
@@ -45,7 +45,7 @@ class Mean:
         if not tf.is_tensor(values) or values.shape.rank in (0, None):
             raise StepError(
                 f"Mean() takes one value per sample (or per token), got {_describe(values)}; do not average "
-                "over the batch: the engine averages over the whole global batch"
+                "over the batch: the loop averages over the whole global batch"
             )
         self.dtype = values.dtype
         values = tf.cast(values, tf.float32)  # bf16/fp16 outputs are summed in float32
@@ -106,7 +106,7 @@ def gather_with_grad(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
     # Each replica places its rows at their offset in zeros and one all-reduce sums them: x + 0 is
     # exact, so that is the concatenation. (ReplicaContext.all_gather does the same in one op, but its
-    # collectives can pair up out of order with the engine's own on the CPU.)
+    # collectives can pair up out of order with the loop's own on the CPU.)
     @tf.custom_gradient
     def gather(local: tf.Tensor) -> tuple[tf.Tensor, object]:
         padding = [[start, total - start - rows]] + [[0, 0]] * (local.shape.rank - 1)

@@ -43,7 +43,7 @@ class Evaluator:
         self.splits = splits  # "val" and "test": batches of (sample indices, batch), one for each replica
         self.ema = ema  # --ema-decay: the average of the weights, evaluated too
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
-        # Traced once per split, like the train step (train_step.py).
+        # Traced once per split, like the train step (train.py's TrainStep).
         self.steps = {
             split: tf.function(self._step, input_signature=[dataset.element_spec]) for split, dataset in splits.items()
         }

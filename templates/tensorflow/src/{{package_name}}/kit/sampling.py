@@ -5,7 +5,7 @@ worker and after --resume, is cut into global batches of --global-batch-size sam
 global batch into one near-equal part per replica. Every worker reads the whole order and feeds
 its own replicas their parts in turn, so the union over all replicas is exactly the global batch
 one replica would see. A short last batch is kept if each micro-batch of each replica gets at
-least one sample (train_step.py splits a replica's part evenly); a last batch with fewer samples
+least one sample (train.py's TrainStep splits a replica's part evenly); a last batch with fewer samples
 than replicas x --grad-accum-steps is left out, a different one every epoch.
 
 A stream (a train set of unknown size: lines read from files, say) has no order to shuffle: its
@@ -108,7 +108,7 @@ class TrainSplit:
             )
 
     def checkpointed(self) -> dict[str, tf.Variable]:
-        """What checkpoints hold of the train set: a stream's position (a map-style epoch's is the engine's)."""
+        """What checkpoints hold of the train set: a stream's position (a map-style epoch's is the loop's)."""
         return {} if self.stream_position is None else {"stream_position": self.stream_position}
 
     def _stream(self, first_pass: int) -> tf.data.Dataset:

@@ -8,15 +8,17 @@ yields one loss per stage, and each stage takes the gradients of its own model's
 """
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .ema import keep_average
-from .errors import DataError
+from .errors import DataError, StepError, user_code_error
 
 
 @dataclass
@@ -65,6 +67,54 @@ def split_models(built: object) -> tuple[dict[str, keras.Model], dict[str, keras
     if not trained:
         raise DataError("model.py: build_model returned no trainable weight (every model has trainable=False)")
     return trained, {name: model for name, model in models.items() if name not in trained}
+
+
+def micro_step_losses(
+    train_step: Callable[[Any, Any, TrainConfig], Any], models: Any, batch: Any, config: TrainConfig, first: str
+) -> Iterator[tuple[str, Mean]]:
+    """step.py's losses for one micro-batch, one per stage: a returned `Mean` is the first stage's,
+    a generator yields (name, Mean) pairs. Nothing runs before the first loss is asked for."""
+    result = train_step(models, batch, config)
+    if isinstance(result, Iterator):
+        yield from result
+    else:
+        yield first, result
+
+
+def next_loss(losses: Iterator[tuple[str, Mean]], stage: Stage, stages: list[Stage]) -> Mean:
+    """The loss that `stage` trains on from a micro-batch's `micro_step_losses`, checked."""
+    try:
+        given = next(losses)
+    except StopIteration:
+        raise StepError(f"train_step yielded no loss for optimizer {stage.name!r} of optim.py") from None
+    except Exception as error:
+        raise user_code_error(error, "in train_step") from None
+    if not (isinstance(given, tuple) and len(given) == 2) or (len(stages) > 1 and given[0] != stage.name):
+        names = [stage.name for stage in stages]
+        raise StepError(f"train_step must yield (name, Mean) pairs for the optimizers {names}, in that order")
+    return check_train_value(given[1], stage.name)
+
+
+def check_all_used(steps: list[Iterator[tuple[str, Mean]]], stages: list[Stage]) -> None:
+    """A step that yields more losses than there are optimizers has a loss nothing trains on."""
+    for losses in steps:
+        if next(losses, None) is not None:
+            raise StepError(f"train_step yielded more losses than optim.py has optimizers ({len(stages)})")
+
+
+def updates_in_next_call(config: TrainConfig, updates: int, in_run: int, end: int) -> int:
+    """How many updates the next compiled call runs, from update `updates` of the epoch (`in_run` of the run).
+
+    A call ends at the epoch's `end` and at every update that logs, checkpoints or validates, so
+    --steps-per-call and a resume change neither the logs nor the checkpoints.
+    """
+    due = [config.steps_per_call, end - updates, config.log_every - updates % config.log_every]
+    if config.stop_after_step > in_run:
+        due.append(config.stop_after_step - in_run)
+    for every in (config.checkpoint_every, config.eval_every):
+        if every:
+            due.append(every - in_run % every)
+    return min(due)
 
 
 def build_stages(optimizers: object, trained: dict[str, keras.Model], config: TrainConfig) -> list[Stage]:

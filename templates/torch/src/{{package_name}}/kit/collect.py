@@ -1,6 +1,6 @@
-"""What step.py returns, and how the engine averages it. Managed by the looptpl template.
+"""What step.py returns, and how the loop averages it. Managed by the looptpl template.
 
-A step returns values and says how much each one counts; the engine does the averaging, over
+A step returns values and says how much each one counts; the loop does the averaging, over
 the whole global batch (every rank, every accumulation micro-step) in training and over every
 sample of a split in evaluation. Returning the average of a micro-batch instead would weigh a
 short or sparse micro-batch like a full one: the classic gradient-accumulation bug.
@@ -33,7 +33,7 @@ class Mean:
         if not isinstance(values, torch.Tensor) or values.dim() == 0:
             raise StepError(
                 f"Mean() takes one value per sample (or per token), got {_describe(values)}; do not average "
-                "over the batch (use reduction='none'): the engine averages over the whole global batch"
+                "over the batch (use reduction='none'): the loop averages over the whole global batch"
             )
         if weights is None:
             self.total, self.weight = values.sum(), torch.tensor(float(values.numel()), device=values.device)

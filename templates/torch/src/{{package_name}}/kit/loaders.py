@@ -1,7 +1,7 @@
 """A rank's DataLoaders: its share of each split, on the device. Managed by the looptpl template.
 
 data.py's datasets are map-style (a length and an index: sampling.py picks the samples) or
-streams (an IterableDataset: streaming.py cuts them). Either way the engine asks for the
+streams (an IterableDataset: streaming.py cuts them). Either way the loop asks for the
 micro-batches of the next update and for the batches of an evaluation, and gets them on the
 device; an error in data.py names its file and line.
 """

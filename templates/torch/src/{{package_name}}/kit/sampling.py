@@ -219,7 +219,7 @@ class EvalBatchSampler(Sampler[list[int]]):
     """Rank r's share of an evaluation set, samples r, r + N, r + 2N, ..., in batches.
 
     Every rank runs as many batches as the rank with the most: one short of that gets a padding
-    batch (a repeated sample) after its `real_batches`, whose values the engine drops.
+    batch (a repeated sample) after its `real_batches`, whose values the loop drops.
     """
 
     def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:

@@ -1,6 +1,6 @@
 """Speed and memory of a GPU run, for the steps.jsonl records. Managed by the looptpl template.
 
-Every --log-every updates the engine waits for the GPU anyway (to check the loss), so the host
+Every --log-every updates the loop waits for the GPU anyway (to check the loss), so the host
 clock then measures the updates since the previous record exactly. Figures are for the whole
 run (all ranks); peak memory is this rank's. MFU (model FLOP utilization) needs the FLOPs of one
 training sample from model.py's optional `flops_per_sample(config)` and a GPU whose peak rate is
