@@ -17,7 +17,7 @@ class Run:
     """What a hook (hooks.py) sees of the run: read it, and call `request_stop` to end the run."""
 
     config: TrainConfig
-    models: Any  # what model.py built: one module or the dict of them, wrapped for DDP/FSDP
+    models: Any  # what model.py built: one module or the dict of them, wrapped for the strategy (distributed.py)
     optimizers: Any  # what optim.py built: one optimizer or the dict of them
     schedulers: Any  # optim.py's learning-rate schedules, alike: one or the dict of them
     rank: int
