@@ -512,9 +512,9 @@ def test_flags_in_commands_exist(exercised):
             known = flags_of("torch", "torchrun --help")
             unknown = {word for word in words[1 : words.index("-m")] if word.startswith("--")} - known
             problems += [f"{command!r}: torchrun has no {flag}" for flag in sorted(unknown)]
-        if "myproj.launch" in words and "--" in words:
+        if "myproj.kit.launch" in words and "--" in words:
             # launch.py's own flags come before --, the trainer's after it.
-            own, train = words[words.index("myproj.launch") + 1 : words.index("--")], words[words.index("--") + 1 :]
+            own, train = words[words.index("myproj.kit.launch") + 1 : words.index("--")], words[words.index("--") + 1 :]
             known = flags_of("multi-worker", "python -m myproj.kit.launch --help")
             problems += [f"{command!r}: launch.py has no {flag}" for flag in sorted({*own} - known) if flag[:2] == "--"]
             unknown = {word for word in train if word.startswith("--")} - flags_of("multi-worker", TRAIN_HELP)
