@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from charlm_ddp import distributed, files, logs
-from charlm_ddp.checkpoint import Checkpointer, load_whole
-from charlm_ddp.config import parse_config
-from charlm_ddp.errors import CheckpointError
+from charlm_ddp.kit.checkpoint import Checkpointer, load_whole
+from charlm_ddp.kit.config import parse_config
+from charlm_ddp.kit.errors import CheckpointError
 
 
 def test_a_checkpoint_reads_back_exactly_or_is_refused(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from charlm_ddp import distributed
-from charlm_ddp.config import parse_config
 from charlm_ddp.data import build_datasets
-from charlm_ddp.engine import Trainer
+from charlm_ddp.kit.config import parse_config
 from charlm_ddp.model import build_model
+from charlm_ddp.train import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -24,10 +24,10 @@ from project import (
 )
 from torch.utils.data import default_collate
 
-from charlm_ddp.config import TrainConfig, parse_config
-from charlm_ddp.errors import ConfigError, DataError
-from charlm_ddp.loaders import checked_collate
-from charlm_ddp.sampling import Samples
+from charlm_ddp.kit.config import TrainConfig, parse_config
+from charlm_ddp.kit.errors import ConfigError, DataError
+from charlm_ddp.kit.loaders import checked_collate
+from charlm_ddp.kit.sampling import Samples
 
 SPLITS = "    return make_split(1003), make_split(251), make_split(257)"
 # The loss.py mistakes reach the engine through the default train_step, which hands the loss on as it is.

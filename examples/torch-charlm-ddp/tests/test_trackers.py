@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from charlm_ddp.config import parse_config
-from charlm_ddp.errors import ConfigError, RunError
-from charlm_ddp.logs import MetricLogger
-from charlm_ddp.trackers import open_tracker
+from charlm_ddp.kit.config import parse_config
+from charlm_ddp.kit.errors import ConfigError, RunError
+from charlm_ddp.kit.logs import MetricLogger
+from charlm_ddp.kit.trackers import open_tracker
 
 STEP_RECORD = {"epoch": 1, "step": 10, "train_loss": 1.25, "lr": 0.002}
 EPOCH_1 = {"epoch": 1, "train_loss": 1.0, "val_loss": 0.75, "step": 16, "lr": 0.001, "epoch_time_s": 0.5}

@@ -110,7 +110,7 @@ def test_trains_and_writes_the_run_directory(runs):
 def test_plot_writes_curves_or_explains_what_is_missing(runs):
     root, _ = runs
     run_dir = root / "reference"
-    command = [sys.executable, "-m", "charlm_ddp.plot", str(run_dir)]
+    command = [sys.executable, "-m", "charlm_ddp.kit.plot", str(run_dir)]
     environment = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
     result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if importlib.util.find_spec("matplotlib") is None:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from digits_ddp import distributed, files, logs
-from digits_ddp.checkpoint import Checkpointer, load_whole
-from digits_ddp.config import parse_config
-from digits_ddp.errors import CheckpointError
+from digits_ddp.kit.checkpoint import Checkpointer, load_whole
+from digits_ddp.kit.config import parse_config
+from digits_ddp.kit.errors import CheckpointError
 
 
 def test_a_checkpoint_reads_back_exactly_or_is_refused(tmp_path):

@@ -5,8 +5,8 @@ Its exact resume is tested with the runs that resume (test_resume.py, test_distr
 
 import torch
 
-from digits_ddp.checkpoint import FULL
-from digits_ddp.ema import WeightAverage
+from digits_ddp.kit.checkpoint import FULL
+from digits_ddp.kit.ema import WeightAverage
 
 
 def test_the_weight_average_follows_its_formula_and_loads_from_its_state():

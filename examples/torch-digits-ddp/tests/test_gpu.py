@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from digits_ddp import distributed
-from digits_ddp.config import parse_config
 from digits_ddp.data import build_datasets
-from digits_ddp.engine import Trainer
+from digits_ddp.kit.config import parse_config
 from digits_ddp.model import build_model
+from digits_ddp.train import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from digits_ddp.config import parse_config
-from digits_ddp.errors import ConfigError, RunError
-from digits_ddp.logs import MetricLogger
-from digits_ddp.trackers import open_tracker
+from digits_ddp.kit.config import parse_config
+from digits_ddp.kit.errors import ConfigError, RunError
+from digits_ddp.kit.logs import MetricLogger
+from digits_ddp.kit.trackers import open_tracker
 
 STEP_RECORD = {"epoch": 1, "step": 10, "train_loss": 1.25, "lr": 0.002}
 EPOCH_1 = {"epoch": 1, "train_loss": 1.0, "val_loss": 0.75, "step": 16, "lr": 0.001, "epoch_time_s": 0.5}

@@ -19,7 +19,7 @@ import torch
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
-from gan_ddp.checkpoint import checkpoints_in, load_whole  # noqa: E402 (after the path above)
+from gan_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (after the path above)
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 

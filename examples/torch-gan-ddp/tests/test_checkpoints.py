@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from gan_ddp import distributed, files, logs
-from gan_ddp.checkpoint import Checkpointer, load_whole
-from gan_ddp.config import parse_config
-from gan_ddp.errors import CheckpointError
+from gan_ddp.kit.checkpoint import Checkpointer, load_whole
+from gan_ddp.kit.config import parse_config
+from gan_ddp.kit.errors import CheckpointError
 
 
 def test_a_checkpoint_reads_back_exactly_or_is_refused(tmp_path):

@@ -33,7 +33,7 @@ from conftest import (
 )
 from project import resumed_message, split_sizes, updates_per_epoch
 
-from gan_ddp.checkpoint import checkpoints_in
+from gan_ddp.kit.checkpoint import checkpoints_in
 
 # --train-in-eval-mode: dropout (and batch norm) would draw differently on 1 and 2 ranks, so the runs
 # compared here train with those layers as in evaluation; every gradient and update is still exercised.

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gan_ddp import distributed
-from gan_ddp.config import parse_config
 from gan_ddp.data import build_datasets
-from gan_ddp.engine import Trainer
+from gan_ddp.kit.config import parse_config
 from gan_ddp.model import build_model
+from gan_ddp.train import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 VOCAB_SIZE = 256  # one token per byte
 IGNORE = -100  # the label of a padding position: no loss, no weight

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import TrainConfig
-from .errors import ConfigError, StepError
+from .kit.config import TrainConfig
+from .kit.errors import ConfigError, StepError
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from .collect import Gather, Mean
 from .data import IGNORE
+from .kit.api import Gather, Mean
 
 
 def batch_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Mean | Gather]:

@@ -6,8 +6,8 @@ This file is yours: `copier update` keeps your edits here.
 import torch
 from torch import nn
 
-from .config import TrainConfig
 from .data import VOCAB_SIZE
+from .kit.config import TrainConfig
 
 
 class CausalTransformer(nn.Module):

@@ -6,8 +6,8 @@ This file is yours: `copier update` keeps your edits here.
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from .schedules import warmup_schedule
+from .kit.api import warmup_schedule
+from .kit.config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, TensorDataset
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 IMAGE_SHAPE = (1, 8, 8)  # channels, height, width
 NUM_CLASSES = 10

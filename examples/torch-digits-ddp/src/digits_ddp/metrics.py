@@ -5,7 +5,7 @@ This file is yours: `copier update` keeps your edits here.
 
 import torch
 
-from .collect import Gather, Mean
+from .kit.api import Gather, Mean
 
 
 def batch_metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Mean | Gather]:
