@@ -91,6 +91,13 @@ def test_the_reading_path_is_ten_files_and_1200_lines_at_most(projects, strategy
     for name in user_files(package):
         imported = re.findall(r"^from \.(\S+) import", (package / name).read_text(), flags=re.MULTILINE)
         assert {module for module in imported if module.startswith("kit")} <= {"kit.api", "kit.config"}, name
+    # kit/ imports none of the user's files: the loop hands it what it needs (config.py builds on settings.py).
+    for path in (package / "kit").glob("*.py"):
+        imported = set(re.findall(r"^from \.\.(\w+)? ?import (\w+)", path.read_text(), flags=re.MULTILINE))
+        yours = {module or name for module, name in imported} & {
+            name.removesuffix(".py") for name in user_files(package)
+        }
+        assert yours <= ({"settings"} if path.name == "config.py" else set()), (path.name, yours)
 
 
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "torch"])
@@ -315,6 +322,7 @@ SHARED_DEFINITIONS = {
         "in_your_code",
     ],
     "src/{{package_name}}/kit/evaluation.py": ["finite_or_raise"],
+    "src/{{package_name}}/kit/stages.py": ["micro_step_losses", "next_loss", "check_all_used"],
 }
 
 

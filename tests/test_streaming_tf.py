@@ -43,7 +43,11 @@ def sampling(streamed):
     """The project's sampling module, imported."""
     sys.path.insert(0, str(streamed / "src"))
     try:
-        yield importlib.import_module("tf_streamed.kit.sampling")
+        module = importlib.import_module("tf_streamed.kit.sampling")
+        module.make_batches = importlib.import_module(
+            "tf_streamed.data"
+        ).make_batches  # data.py's, as train.py hands it
+        yield module
     finally:
         sys.path.remove(str(streamed / "src"))
 
@@ -63,7 +67,8 @@ def numbers(size: int):
 def stream_of(sampling, size: int, **changed: int):
     import tensorflow as tf
 
-    return sampling.TrainSplit(tf.distribute.OneDeviceStrategy("/cpu:0"), numbers(size), settings(**changed))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    return sampling.TrainSplit(strategy, numbers(size), settings(**changed), sampling.make_batches)
 
 
 def taken(dataset, count: int) -> list[tuple[tuple[int, int], list[int]]]:
@@ -121,7 +126,7 @@ def test_a_stream_is_refused_in_one_line_where_it_cannot_work(sampling):
         stream_of(sampling, 3, grad_accum_steps=4)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with pytest.raises(errors.DataError, match="the val dataset repeats forever"):
-        sampling.distribute_eval(strategy, tf.data.Dataset.range(5).repeat(), "val", 4)
+        sampling.distribute_eval(strategy, tf.data.Dataset.range(5).repeat(), "val", 4, sampling.make_batches)
 
 
 @pytest.mark.slow

@@ -7,14 +7,13 @@ with its samples' indices), for metrics.py's `dataset_metrics`.
 """
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from ..metrics import dataset_metrics
-from ..step import eval_step
 from .collect import Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -36,10 +35,12 @@ class Evaluator:
         config: TrainConfig,
         splits: dict[str, Any],
         ema: WeightAverage | None,
+        user: tuple[Callable[..., Any], Callable[..., Any]],
     ) -> None:
         self.strategy = strategy
         self.models = models
         self.config = config
+        self.eval_step, self.dataset_metrics = user  # step.py's and metrics.py's
         self.splits = splits  # "val" and "test": batches of (sample indices, batch), one for each replica
         self.ema = ema  # --ema-decay: the average of the weights, evaluated too
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
@@ -60,7 +61,7 @@ class Evaluator:
     def _replica_step(self, element: Any) -> StepResults:
         indices, batch = element
         try:
-            values = check_eval_values(eval_step(self.models, batch, self.config))
+            values = check_eval_values(self.eval_step(self.models, batch, self.config))
         except Exception as error:
             raise user_code_error(error, "in eval_step") from None
         sums, gathered = {}, {}
@@ -101,7 +102,7 @@ class Evaluator:
             raise DataError(f"data.py: the {split} dataset is empty")
         gathered = {name: _in_dataset_order(name, pieces) for name, pieces in parts.items()}
         try:
-            extra = dataset_metrics(means, gathered)
+            extra = self.dataset_metrics(means, gathered)
         except Exception as error:
             raise user_code_error(error, f"in dataset_metrics on the {split} split") from None
         clash = [name for name in extra if name in means or name in RESERVED] if isinstance(extra, dict) else None

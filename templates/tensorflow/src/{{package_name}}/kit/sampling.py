@@ -30,9 +30,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..data import make_batches
 from .config import TrainConfig
 from .errors import ConfigError, DataError, TrainingError
+
+# data.py's make_batches(dataset, batch_size): how the loop cuts a split into batches.
+MakeBatches = Callable[[tf.data.Dataset, int], tf.data.Dataset]
 
 
 class TrainSplit:
@@ -41,9 +43,12 @@ class TrainSplit:
     Build it under `strategy.scope()`: a stream's position is a variable the checkpoints hold.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, config: TrainConfig) -> None:
+    def __init__(
+        self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, config: TrainConfig, make_batches: MakeBatches
+    ) -> None:
         self.strategy = strategy
         self.dataset = dataset
+        self.make_batches = make_batches  # data.py's
         self.config = config
         self.splits = strategy.num_replicas_in_sync * config.grad_accum_steps  # micro-batches in an update
         # A stream's (pass, global batches of it trained on), set by the train step after every update.
@@ -90,7 +95,8 @@ class TrainSplit:
         def global_batches(replicas: int) -> tf.data.Dataset:
             # seed + epoch: a new order every epoch, the same on every worker and after --resume.
             order = self.dataset.shuffle(buffer, seed=config.seed + epoch, reshuffle_each_iteration=False)
-            return batches(order.take(self.samples_per_epoch), config.global_batch_size, "train").skip(start)
+            batched = batches(order.take(self.samples_per_epoch), config.global_batch_size, "train", self.make_batches)
+            return batched.skip(start)
 
         return _distribute(self.strategy, global_batches)
 
@@ -118,12 +124,14 @@ class TrainSplit:
 
     def _one_pass(self, number: tf.Tensor) -> tf.data.Dataset:
         """Pass `number` in global batches with their positions (a short last one if each micro-batch gets a sample)."""
-        whole = make_batches(self.dataset, self.config.global_batch_size)
+        whole = self.make_batches(self.dataset, self.config.global_batch_size)
         kept = whole.filter(lambda *batch: rows(batch) >= self.splits)
         return kept.enumerate(start=1).map(lambda index, batch: (tf.stack([number, index]), batch))
 
 
-def distribute_eval(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, split: str, batch_size: int) -> Any:
+def distribute_eval(
+    strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, split: str, batch_size: int, make_batches: MakeBatches
+) -> Any:
     """A validation or test set, `batch_size` samples per replica and step, each sample once, with the samples'
     indices (-1 for a repeat)."""
     if _size(dataset, split) == tf.data.INFINITE_CARDINALITY:
@@ -131,13 +139,13 @@ def distribute_eval(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, 
 
     def global_batches(replicas: int) -> tf.data.Dataset:
         indices = tf.data.Dataset.counter().batch(batch_size * replicas)
-        numbered = tf.data.Dataset.zip(indices, batches(dataset, batch_size * replicas, split))
+        numbered = tf.data.Dataset.zip(indices, batches(dataset, batch_size * replicas, split, make_batches))
         return numbered.map(lambda indices, batch: _numbered_for_every_replica(indices, batch, replicas))
 
     return _distribute(strategy, global_batches)
 
 
-def batches(dataset: tf.data.Dataset, batch_size: int, split: str) -> tf.data.Dataset:
+def batches(dataset: tf.data.Dataset, batch_size: int, split: str, make_batches: MakeBatches) -> tf.data.Dataset:
     """data.py's `make_batches`, checked to keep every sample: ceil(samples / batch_size) batches."""
     batched = make_batches(dataset, batch_size)
     size = int(dataset.cardinality())
