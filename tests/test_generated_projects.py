@@ -274,28 +274,26 @@ GIT_ENV = {
 }
 
 
-# Files that are one idea in both backends, kept as two byte-identical copies (one per template
-# tree, so each renders on its own): a fix to one must reach the other.
-TWINS = [
-    ".gitignore",
-    "{{_copier_conf.answers_file}}.jinja",
-    "{% if ci %}.pre-commit-config.yaml{% endif %}.jinja",
-    "src/{{package_name}}/__init__.py.jinja",
-    "src/{{package_name}}/kit/__init__.py",
-    "src/{{package_name}}/kit/moved.py",
-    "src/{{package_name}}/kit/plot.py.jinja",
-    "src/{{package_name}}/settings.py",
-    "src/{{package_name}}/kit/config_file.py",
-    "src/{{package_name}}/kit/trackers.py",
-    "tests/test_no_conflict_markers.py",
-    "tests/test_trackers.py.jinja",
-]
+# Files that are one idea in both backends are held once, in templates/shared/, and each backend's tree
+# includes them (`{% include "templates/shared/..." %}`): no two files of the trees are the same text.
+INCLUDE = re.compile(r'{% include "(templates/shared/[^"]+)" %}')
 
 
-@pytest.mark.parametrize("path", TWINS)
-def test_backend_twins_stay_identical(path):
-    torch_copy, tensorflow_copy = (REPO_ROOT / "templates" / backend / path for backend in ("torch", "tensorflow"))
-    assert torch_copy.read_bytes() == tensorflow_copy.read_bytes(), f"templates/*/{path} differ: change both"
+def test_no_file_is_held_twice_in_the_backends_trees():
+    torch_tree, tensorflow_tree = (REPO_ROOT / "templates" / backend for backend in ("torch", "tensorflow"))
+    included = set()
+    for path in torch_tree.rglob("*"):
+        twin = tensorflow_tree / path.relative_to(torch_tree)
+        if not path.is_file() or not twin.is_file() or path.read_bytes() != twin.read_bytes():
+            continue
+        # The same text in both trees: only a one-line include of the shared source.
+        match = INCLUDE.fullmatch(path.read_text())
+        assert match and (REPO_ROOT / match[1]).is_file(), f"templates/*/{path.relative_to(torch_tree)} is held twice"
+        included.add(match[1])
+    shared = {
+        str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "templates" / "shared").rglob("*") if path.is_file()
+    }
+    assert shared == included, "files in templates/shared/ that neither tree includes"
 
 
 # Backend-neutral functions and classes inside files that differ between the backends: the same text in both.
