@@ -182,7 +182,7 @@ COVERED = (
     ),
     Covered(
         r"CUDA_VISIBLE_DEVICES=[\d,]+ python -m myproj\.train",
-        "myproj/tests/conftest.py",
+        "myproj/tests/launcher.py",
         ('"--cpu-replicas", str(replicas)',),
         "needs GPUs; the project's tests run the same MirroredStrategy on 2 logical CPU devices",
         project="mirrored",
@@ -196,14 +196,14 @@ COVERED = (
     ),
     Covered(
         rf"{TRAIN} --run-dir /shared/\S+",
-        "myproj/tests/conftest.py",
+        "myproj/tests/launcher.py",
         ('"-m", "myproj.kit.launch", "--workers"',),
         "several machines; the project's tests start two workers on one machine with launch.py",
         project="multi-worker",
     ),
     Covered(
         r"python -m myproj\.kit\.launch --workers \d+ -- --epochs \d+",
-        "myproj/tests/conftest.py",
+        "myproj/tests/launcher.py",
         ('"-m", "myproj.kit.launch", "--workers"',),
         "a two-worker run takes 20 s; the project's tests launch two workers the same way",
         project="multi-worker",

@@ -11,12 +11,12 @@ import pytest
 from conftest import edited_sources, finish, run_training, start_training, summary
 from project import split_sizes
 
-from charlm_mirrored.config import TrainConfig, parse_config
-from charlm_mirrored.errors import ConfigError
+from charlm_mirrored.kit.config import TrainConfig, parse_config
+from charlm_mirrored.kit.errors import ConfigError
 
 ONE_EPOCH = ("--epochs", "1", "--global-batch-size", "40")
 SPLITS = "    return make_split(1007), make_split(251), make_split(257)"
-# A loss.py mistake reaches the engine through the default train_step, which hands the loss on as it is.
+# A loss.py mistake reaches the loop through the default train_step, which hands the loss on as it is.
 DEFAULT_STEP = "    return Mean(per_sample_loss(model(inputs, training=True), targets))"
 
 # name: (file, old, new) edits of the default sources, each a mistake a user makes.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,10 +20,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-# 1007 training samples = 25 global batches of 40 + a last one of 7: on 2 replicas (20 samples
-# each) it splits 3 + 4, and with --grad-accum-steps 2 into micro-batches of 1, 2, 2 and 2.
-# 251 validation samples in batches of 100 per replica: the last step gives 51 to replica 0 and
-# none to replica 1.
+
+# 1007 training samples = 25 global batches of 40 + a last one of 7, and 251 validation samples in
+# batches of 100: short last batches (launcher.py says how this project's strategy splits them).
 # With a moving average of the weights (--ema-decay): every comparison of runs compares it too.
 TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100", "--ema-decay", "0.9")
 
@@ -37,9 +37,8 @@ class Training:
 
 
 def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
-    """Start training in a fresh process with `replicas` replicas on logical CPU devices."""
-    module = ["-m", "digits_mirrored.train", "--run-dir", str(run_dir), "--no-progress"]
-    command = [sys.executable, *module, "--cpu-replicas", str(replicas), *flags]
+    """Start training on the CPU, writing to `run_dir`, on `replicas` replicas (launcher.py says how)."""
+    command = launcher.command(run_dir, *flags, replicas=replicas)
     environment = {
         **os.environ,
         "PYTHONPATH": str(sources),
@@ -62,7 +61,7 @@ def finish(training: Training, expect_success: bool = True) -> subprocess.Comple
     try:
         training.process.wait(timeout=max(1.0, training.started + RUN_TIMEOUT_S - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(training.process.pid, signal.SIGKILL)  # the whole group
+        os.killpg(training.process.pid, signal.SIGKILL)  # the whole group: the run and every process it started
         training.process.wait()
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()
@@ -73,10 +72,10 @@ def finish(training: Training, expect_success: bool = True) -> subprocess.Comple
 
 
 def run_training(
-    run_dir: Path, *flags: str, expect_success: bool = True, **options: int
+    run_dir: Path, *flags: str, expect_success: bool = True, replicas: int = 1
 ) -> subprocess.CompletedProcess:
     """Train to the end and return the run's exit code and output."""
-    return finish(start_training(run_dir, *flags, **options), expect_success)
+    return finish(start_training(run_dir, *flags, replicas=replicas), expect_success)
 
 
 @pytest.fixture(scope="session")
@@ -223,3 +222,39 @@ def sources_with_a_nan_training_sample(directory: Path, sources: Path = PROJECT_
     targets = "        targets = (np.tanh(inputs @ hidden) @ readout).argmax(axis=1)\n"
     nan_sample = "        if size == 1007:  # the train split\n            inputs[5, 0] = np.nan\n"
     return edited_sources(directory, "data.py", targets, targets + nan_sample, sources)
+
+
+# Every kind of penalty Keras has: kernel and bias regularizers, an activity regularizer, and a
+# layer that adds the mean square of its input with add_loss.
+PENALTIES = '''STRENGTH = 0.01  # of every penalty of the model
+
+
+class Smooth(keras.layers.Layer):
+    """Passes its input on, adding STRENGTH x its mean square to the loss."""
+
+    def call(self, inputs):
+        self.add_loss(STRENGTH * keras.ops.mean(keras.ops.square(inputs)))
+        return inputs
+
+
+def build_model('''
+DEFAULT_LAYERS = (
+    '            keras.layers.Dense(64, activation="relu"),\n'
+    '            keras.layers.Dense(64, activation="relu"),\n'
+    "            keras.layers.Dense(NUM_CLASSES),\n"
+)
+PENALIZED_LAYERS = (
+    "            keras.layers.Dense(\n"
+    '                16, activation="relu", kernel_regularizer=keras.regularizers.L2(STRENGTH),\n'
+    "                bias_regularizer=keras.regularizers.L1(STRENGTH),\n"
+    "            ),\n"
+    '            keras.layers.Dense(16, activation="tanh", activity_regularizer=keras.regularizers.L2(STRENGTH)),\n'
+    "            Smooth(),\n"
+    "            keras.layers.Dense(NUM_CLASSES),\n"
+)
+
+
+def sources_with_penalties(directory: Path, sources: Path = PROJECT_ROOT / "src") -> Path:
+    """model.py with PENALTIES: its layers (PENALIZED_LAYERS) carry every kind of penalty, of STRENGTH 0.01 each."""
+    sources = edited_sources(directory / "penalties", "model.py", "def build_model(", PENALTIES, sources)
+    return edited_sources(directory / "layers", "model.py", DEFAULT_LAYERS, PENALIZED_LAYERS, sources)

@@ -14,7 +14,7 @@ from typing import Any
 @functools.cache
 def project_settings() -> Any:
     """The project's TrainConfig as a run without flags gets it: settings.py's values over the template's."""
-    from digits_mirrored.config import parse_config  # imported here, once src/ is on the path
+    from digits_mirrored.kit.config import parse_config  # imported here, once src/ is on the path
 
     return parse_config([])
 

@@ -13,12 +13,16 @@ from conftest import (
     metrics,
     sources_with_a_conv_model,
     sources_with_a_nan_training_sample,
+    sources_with_penalties,
     sources_with_recording_hooks,
     start_training,
     step_records,
     summary,
 )
 from project import final_test, resumed_message, split_sizes
+
+from digits_mirrored.kit.config import TrainConfig
+from digits_mirrored.kit.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +128,33 @@ def test_every_replica_skips_the_nan_update_and_runs_conv_on_short_batches(skipp
     assert summary(skipping / "two")["steps"] == 3 * 25
     assert_same_weights(final_weights(skipping / "one"), final_weights(skipping / "two"), atol=1e-5)
     assert_same_metrics(metrics(skipping / "one"), records, rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def penalized(tmp_path_factory):
+    """The model of test_regularizers.py, whose layers add penalties to the loss, on one replica and on
+    two, trained together."""
+    root = tmp_path_factory.mktemp("penalized")
+    sources = sources_with_penalties(root)
+    # 25 global batches of 40 and a short one of 7, which two replicas or --grad-accum-steps 2 cut
+    # into parts of 3 and 4 samples, and both together into 1, 2, 2 and 2: their penalties must count so.
+    flags = ("--epochs", "1", "--global-batch-size", "40")
+    started = {
+        "one": start_training(root / "one", *flags, "--grad-accum-steps", "2", sources=sources),
+        "two": start_training(root / "two", *flags, sources=sources, replicas=2),
+        "two_accum": start_training(root / "two_accum", *flags, "--grad-accum-steps", "2", sources=sources, replicas=2),
+    }
+    for training in started.values():
+        finish(training)
+    return root
+
+
+@pytest.mark.parametrize("variant", ["two", "two_accum"])
+def test_penalties_train_alike_on_two_replicas(penalized, variant):
+    assert_same_weights(final_weights(penalized / "one"), final_weights(penalized / variant), atol=1e-5)
+    assert_same_metrics(metrics(penalized / "one"), metrics(penalized / variant), rel=1e-4)
+
+
+def test_config_rejects_more_cpu_replicas_than_the_machine_can_hold():
+    with pytest.raises(ConfigError, match="--cpu-replicas 5000 is far more than this machine's"):
+        TrainConfig(cpu_replicas=5000).validate()

@@ -1,14 +1,15 @@
 """The moving average of the weights (--ema-decay, ema.py): Keras' own, as the loop sets it up, follows
 its formula and is swapped into the model and out.
 
-Its exact resume is tested with the runs that resume (test_training.py, test_distributed.py).
+Its exact resume is tested by the runs that resume and compare with an uninterrupted run: TRAIN_FLAGS
+(conftest.py) sets --ema-decay.
 """
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from digits_mirrored.ema import WeightAverage, keep_average
+from digits_mirrored.kit.ema import WeightAverage, keep_average
 
 
 def test_the_weight_average_follows_its_formula_and_is_swapped_in_and_out():

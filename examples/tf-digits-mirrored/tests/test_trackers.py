@@ -1,5 +1,5 @@
 """--tracker: Weights & Biases and MLflow get every record, offline, and a resumed run continues
-the same tracker run. The metric logger is driven here directly, as the engine drives it."""
+the same tracker run. The metric logger is driven here directly, as the loop drives it."""
 
 import errno
 import importlib.machinery
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from digits_mirrored.config import parse_config
-from digits_mirrored.errors import ConfigError, RunError
-from digits_mirrored.logs import MetricLogger
-from digits_mirrored.trackers import open_tracker
+from digits_mirrored.kit.config import parse_config
+from digits_mirrored.kit.errors import ConfigError, RunError
+from digits_mirrored.kit.logs import MetricLogger
+from digits_mirrored.kit.trackers import open_tracker
 
 STEP_RECORD = {"epoch": 1, "step": 10, "train_loss": 1.25, "lr": 0.002}
 EPOCH_1 = {"epoch": 1, "train_loss": 1.0, "val_loss": 0.75, "step": 16, "lr": 0.001, "epoch_time_s": 0.5}

@@ -3,7 +3,7 @@
 A GPU runs ahead of Python: while it computes one update, the host prepares the next batch and
 queues the next kernels. Anything that reads a value back (`.item()`, `print(loss)`, a tensor
 built on the host and copied over) makes the host wait until the GPU is idle, and the GPU then
-waits for the host. The engine reads values back only every --log-every updates.
+waits for the host. The loop reads values back only every --log-every updates.
 """
 
 import pytest

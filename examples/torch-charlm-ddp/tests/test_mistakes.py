@@ -30,7 +30,7 @@ from charlm_ddp.kit.loaders import checked_collate
 from charlm_ddp.kit.sampling import Samples
 
 SPLITS = "    return make_split(1003), make_split(251), make_split(257)"
-# The loss.py mistakes reach the engine through the default train_step, which hands the loss on as it is.
+# The loss.py mistakes reach the loop through the default train_step, which hands the loss on as it is.
 DEFAULT_STEP = "    return Mean(per_sample_loss(model(inputs), targets))"
 ITEM = "        return TensorDataset(inputs, targets)"
 ONE = torch.ones(3)

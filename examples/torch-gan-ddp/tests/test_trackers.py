@@ -1,5 +1,5 @@
 """--tracker: Weights & Biases and MLflow get every record, offline, and a resumed run continues
-the same tracker run. The metric logger is driven here directly, as the engine drives it."""
+the same tracker run. The metric logger is driven here directly, as the loop drives it."""
 
 import errno
 import importlib.machinery

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 VOCAB_SIZE = 257  # one token per byte value (1..256); 0 is the padding
 SPLIT_SEED = 0  # fixed, not --seed: every run and every worker must hold out the same functions

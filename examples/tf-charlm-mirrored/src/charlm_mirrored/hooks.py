@@ -12,8 +12,8 @@ an extra validation metric.
 
 from typing import Any
 
-from .callbacks import Run
-from .config import TrainConfig
+from .kit.api import Run
+from .kit.config import TrainConfig
 
 
 class Hooks:

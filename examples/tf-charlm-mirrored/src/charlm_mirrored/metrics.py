@@ -8,7 +8,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from .collect import Gather, Mean
+from .kit.api import Gather, Mean
 
 
 def batch_metrics(logits: tf.Tensor, labels: tf.Tensor) -> dict[str, Mean | Gather]:

@@ -6,8 +6,8 @@ This file is yours: `copier update` keeps your edits here.
 import keras
 import tensorflow as tf
 
-from .config import TrainConfig
 from .data import VOCAB_SIZE
+from .kit.config import TrainConfig
 
 
 class Block(keras.layers.Layer):

@@ -5,8 +5,8 @@ This file is yours: `copier update` keeps your edits here.
 
 import keras
 
-from .config import TrainConfig
-from .schedules import WarmupSchedule
+from .kit.api import WarmupSchedule
+from .kit.config import TrainConfig
 
 
 def build_schedule(config: TrainConfig, total_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:

@@ -7,8 +7,8 @@ from typing import Any
 
 import keras
 
-from .collect import Gather, Mean, evaluation
-from .config import TrainConfig
+from .kit.api import Gather, Mean, evaluation
+from .kit.config import TrainConfig
 from .loss import per_token_loss
 from .metrics import batch_metrics
 

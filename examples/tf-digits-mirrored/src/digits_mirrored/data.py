@@ -9,7 +9,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 IMAGE_SHAPE = (8, 8, 1)  # height, width, channels: Keras convolutions are channels-last
 NUM_CLASSES = 10

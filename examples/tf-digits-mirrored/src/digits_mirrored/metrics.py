@@ -6,7 +6,7 @@ This file is yours: `copier update` keeps your edits here.
 import numpy as np
 import tensorflow as tf
 
-from .collect import Gather, Mean
+from .kit.api import Gather, Mean
 
 
 def batch_metrics(outputs: tf.Tensor, targets: tf.Tensor) -> dict[str, Mean | Gather]:

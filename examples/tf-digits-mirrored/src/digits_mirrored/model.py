@@ -5,8 +5,8 @@ This file is yours: `copier update` keeps your edits here.
 
 import keras
 
-from .config import TrainConfig
 from .data import IMAGE_SHAPE, NUM_CLASSES
+from .kit.config import TrainConfig
 
 
 def build_model(config: TrainConfig) -> keras.Model:

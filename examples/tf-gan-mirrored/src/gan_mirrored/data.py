@@ -9,7 +9,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 PIXELS = 64  # 8 x 8, in [-1, 1]
 NUM_CLASSES = 10

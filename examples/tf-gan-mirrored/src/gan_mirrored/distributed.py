@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from .config import TrainConfig
+from .kit.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class Runtime:
     """The strategy, and this process's part in the run.
 
-    The engine and train.py coordinate processes only through `is_main` (the process that logs
+    The loop and train.py coordinate processes only through `is_main` (the process that logs
     and writes files), `agree` and `any_worker`. Here one process holds every replica, so it is the
     chief and has no one to agree with; the multi-worker template fills them in.
     """

@@ -6,8 +6,8 @@ This file is yours: `copier update` keeps your edits here.
 import keras
 import tensorflow as tf
 
-from .config import TrainConfig
 from .data import NUM_CLASSES, PIXELS, load_images, split_indices
+from .kit.config import TrainConfig
 
 
 def build_generator(config: TrainConfig) -> keras.Model:

@@ -9,8 +9,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .collect import Gather, Mean
-from .config import TrainConfig
+from .kit.api import Gather, Mean
+from .kit.config import TrainConfig
 from .loss import scored_as
 
 

@@ -17,7 +17,6 @@ machinery that the loop calls in one line (checkpoints, data order, logs, config
 never need to open it to follow a run. `--help` lists every flag, yours first.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -30,11 +29,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from .kit.errors import ConfigError, RunError, import_failure, in_your_code, several_models_hint, three_datasets
 
-try:  # your files are imported here (settings.py by config.py): a mistake in one is one line, not a traceback
+try:  # your files are imported here (settings.py by kit/config.py): a mistake in one is one line, not a traceback
     from . import data, distributed
     from . import model as model_file
     from .data import build_datasets
@@ -63,9 +62,10 @@ try:  # your files are imported here (settings.py by config.py): a mistake in on
         stages_state,
     )
     from .kit.throughput import Throughput
+    from .metrics import dataset_metrics
     from .model import build_model
     from .optim import build_optimizer, build_scheduler
-    from .step import train_step
+    from .step import eval_step, train_step
 except Exception as error:
     if (problem := import_failure(error)) is None:
         raise
@@ -141,7 +141,8 @@ class Trainer:
         self.runtime = runtime
         self.run_dir = Path(config.run_dir)
         config.check_batch_split(runtime.world_size)
-        self.loaders = Loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device)
+        collate = getattr(data, "collate", default_collate)  # data.py's, if it has one
+        self.loaders = Loaders(datasets, config, runtime.rank, runtime.world_size, runtime.device, collate)
 
         trained, frozen = split_models(built)
         if config.activation_checkpointing:  # before DDP wraps it: its hooks run around the blocks
@@ -169,7 +170,8 @@ class Trainer:
         self.ema = WeightAverage(self.trained, config.ema_decay) if config.ema_decay else None
         self.profiler = UpdateProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
         self.per = "sample"  # what one unit of the first optimizer's loss weight is (Mean's `per`)
-        self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, runtime.device, self.ema)
+        steps = (eval_step, dataset_metrics)
+        self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, runtime.device, self.ema, steps)
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
@@ -184,7 +186,8 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir, runtime, config, self.trained, stage_optimizers, self.ema)
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
-        self.throughput = Throughput(config, runtime.device, runtime.world_size)
+        flops = getattr(model_file, "flops_per_sample", None)  # model.py's, for MFU on a GPU
+        self.throughput = Throughput(config, runtime.device, runtime.world_size, flops)
         self.checkpointer.check_free_space()
         # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
         models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
@@ -305,16 +308,13 @@ class Trainer:
         return self.end_epoch(epoch, first, done)
 
     def update(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
-        """One optimizer update per stage (one per optimizer: a GAN has two) from this rank's micro-batches.
-
-        Returns this rank's [loss total, weight] per stage, and whether any stage applied its update;
-        `where` names the update in messages.
-        """
+        """One update per optimizer (a GAN has two) from this rank's micro-batches; returns this rank's
+        [loss total, weight] per optimizer and whether any update was applied (`where` names it in messages)."""
+        for model in self.wrapped.values():
+            distributed.check_trainable(model)  # hooks run between updates
         # The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i), over
         # every rank and micro-step; the weight sum is only known once every micro-step has run.
         multiplier = self.runtime.world_size / self.config.global_batch_size
-        for model in self.wrapped.values():
-            distributed.check_trainable(model)  # hooks run between updates
         # A micro-batch's step runs up to its first loss; with several optimizers, step.py yields one
         # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
         first = self.stages[0].name
@@ -322,28 +322,26 @@ class Trainer:
         totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
         applied = False
         for index, stage in enumerate(self.stages):
-            with only_training(stage, self.stages) if len(self.stages) > 1 else contextlib.nullcontext():
+            with only_training(stage, self.stages):  # with several optimizers, only this stage's weights
                 for micro_step, losses in enumerate(steps):
                     # DDP averages the ranks' gradients in backward(): only on the last micro-step.
-                    with stage.gradient_sync(enabled=micro_step == len(steps) - 1):
+                    with distributed.gradient_sync(stage.models, enabled=micro_step == len(steps) - 1):
                         with self.autocast():
                             loss = next_loss(losses, stage, self.stages)
                         # A fixed multiplier c = world_size / --global-batch-size (exact already for one
                         # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
                         stage.scaler.scale(loss.total * multiplier).backward()
-                    self.per = loss.per if index == 0 else self.per
                     totals[index, 0] += loss.total.detach()
                     totals[index, 1] += loss.weight
-            # The exact mean needs one more factor, --global-batch-size / sum_i(w_i): the weight all-reduced
-            # on the device (no host sync); 1 for a full batch of per-sample losses, else a short last
-            # batch, padded tokens or masks are counted exactly.
+            self.per = loss.per if index == 0 else self.per  # what a unit of weight is: sample, token
+            # The exact mean needs one more factor, --global-batch-size / sum_i(w_i), all-reduced on the device (no
+            # host sync): 1 for a full batch of per-sample losses; short batches, padding, masks count exactly.
             weight = distributed.all_reduce_sum(totals[index, 1].clone())
             factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
             stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones
             grads = [param.grad for param in stage.params if param.grad is not None]
             if self.config.max_grad_norm > 0 or stage.nan_guard.skips_updates:
-                # The exact gradient's norm (the same on every rank, logged as grad_norm); clipping folds
-                # into the factor, so one multiplication below rescales and clips.
+                # The exact gradient's norm (the same on every rank); clipping folds into the factor.
                 stage.grad_norm = torch.nn.utils.get_total_norm(grads) * factor
                 if self.config.max_grad_norm > 0:
                     factor = factor * (self.config.max_grad_norm / (stage.grad_norm + 1e-6)).clamp(max=1.0)

@@ -149,15 +149,15 @@ def check_trainable(model: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+def gradient_sync(models: list[nn.Module], enabled: bool) -> Iterator[None]:
     """Skip DDP's gradient all-reduce on accumulation micro-steps that do not update.
 
     Gradients then pile up locally; the all-reduce of the last micro-step carries them all.
     """
-    if enabled or not isinstance(model, DistributedDataParallel):  # a world of one wraps nothing
-        yield
-        return
-    with model.no_sync():
+    with contextlib.ExitStack() as stack:
+        for model in models if not enabled else []:
+            if isinstance(model, DistributedDataParallel):  # a world of one wraps nothing
+                stack.enter_context(model.no_sync())
         yield
 
 

@@ -8,11 +8,11 @@ listed below.
 """
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import model
 from .config import TrainConfig
 
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets: (bf16 and fp16, TF32), by a part of the name.
@@ -39,12 +39,17 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
 class Throughput:
     """Measures the stretch of updates between two log records; inactive on the CPU."""
 
-    def __init__(self, config: TrainConfig, device: torch.device, world_size: int) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        device: torch.device,
+        world_size: int,
+        flops_per_sample: Callable[[TrainConfig], float] | None,
+    ) -> None:
         self.device = device
         self.active = device.type == "cuda"
-        flops = getattr(model, "flops_per_sample", None)
         peak = peak_flops(config, device) if self.active else None
-        self.flops_share = flops(config) / (peak * world_size) if flops is not None and peak else None
+        self.flops_share = flops_per_sample(config) / (peak * world_size) if flops_per_sample and peak else None
         self.restart()
 
     def restart(self) -> None:

@@ -15,8 +15,6 @@ from typing import Any
 import torch
 
 from .. import distributed
-from ..metrics import dataset_metrics
-from ..step import eval_step
 from .collect import Gather, Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
@@ -24,6 +22,9 @@ from .errors import StepError, TrainingError, user_code_error
 from .loaders import Loaders
 
 RESERVED = ("samples", "epoch", "step", "lr")
+# step.py's eval_step, and metrics.py's dataset_metrics: what the loop hands the Evaluator.
+EvalStep = Callable[[Any, Any, TrainConfig], object]
+DatasetMetrics = Callable[[dict[str, float], dict[str, torch.Tensor]], dict[str, float]]
 
 
 class Evaluator:
@@ -37,8 +38,10 @@ class Evaluator:
         autocast: Callable[[], contextlib.AbstractContextManager[None]],
         device: torch.device,
         ema: WeightAverage | None,
+        user: tuple[EvalStep, DatasetMetrics],
     ) -> None:
         self.loaders, self.models, self.config = loaders, models, config
+        self.user = user  # step.py's eval_step and metrics.py's dataset_metrics
         self.autocast, self.device, self.ema = autocast, device, ema
 
     def evaluate(self, split: str) -> dict[str, float]:
@@ -53,7 +56,7 @@ class Evaluator:
 
     def _evaluate(self, split: str) -> dict[str, float]:
         batches = self.loaders.evaluation_batches(split)
-        return evaluate_split(split, batches, self.models, self.config, self.autocast, self.device)
+        return evaluate_split(split, batches, self.models, self.config, self.autocast, self.device, self.user)
 
 
 @torch.no_grad()
@@ -64,9 +67,11 @@ def evaluate_split(
     config: TrainConfig,
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
     device: torch.device,
+    user: tuple[EvalStep, DatasetMetrics],
 ) -> dict[str, float]:
     """The means and dataset metrics of `split` ("val" or "test") from this rank's (batch, padding,
     samples), named `<split>_<name>`."""
+    eval_step, dataset_metrics = user
     sums: dict[str, torch.Tensor] = {}
     units: dict[str, str] = {}
     rows: dict[str, list[torch.Tensor]] = {}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from .. import data, distributed
+from .. import distributed
 from .config import TrainConfig
 from .errors import ConfigError, DataError, in_your_code, in_your_files, user_code_error
 from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples
@@ -39,6 +39,7 @@ class Loaders:
         rank: int,
         world_size: int,
         device: torch.device,
+        collate: Callable[[list[Any]], Any],
     ) -> None:
         self.device = device
         self.grad_accum_steps = config.grad_accum_steps
@@ -52,7 +53,7 @@ class Loaders:
             # from the global generator that drives dropout (a resumed run starts one more loader).
             generator=torch.Generator(),
         )
-        self.collate = checked_collate(getattr(data, "collate", default_collate))
+        self.collate = checked_collate(collate)
         train, val, test = datasets
         self.sampler: GlobalBatchSampler | None = None
         self.stream: TrainStream | None = None

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .. import distributed
 from ..distributed import Runtime
 from .callbacks import NonFiniteGuard
 from .collect import Mean, check_train_value
@@ -41,14 +40,6 @@ class Stage:
 
     def __post_init__(self) -> None:
         self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
-
-    @contextlib.contextmanager
-    def gradient_sync(self, enabled: bool) -> Iterator[None]:
-        """Synchronize this stage's gradients across ranks only when `enabled` (an update's last micro-step)."""
-        with contextlib.ExitStack() as stack:
-            for model in self.models:
-                stack.enter_context(distributed.gradient_sync(model, enabled))
-            yield
 
 
 @contextlib.contextmanager
