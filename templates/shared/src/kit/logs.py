@@ -1,23 +1,3 @@
-"""The run's logs: metrics.jsonl and metrics.csv per epoch, steps.jsonl, TensorBoard, trackers, the console.
-
-Managed by the looptpl template. Only rank 0 builds a `MetricLogger` or a `ProgressBar`.
-"""
-
-import csv
-import dataclasses
-import io
-import json
-import math
-import os
-import sys
-import time
-from pathlib import Path
-from typing import Any
-
-from .config import TrainConfig
-from .trackers import open_tracker
-
-
 class MetricLogger:
     """Writes one record per epoch to metrics.jsonl, metrics.csv, TensorBoard (if installed) and the
     console, and one per --log-every updates to steps.jsonl (and TensorBoard, against the step)."""
@@ -173,17 +153,3 @@ def _replace(path: Path, text: str) -> None:
         written.unlink(missing_ok=True)
 
 
-def _tensorboard_writer(log_dir: Path) -> Any:
-    """A SummaryWriter when TensorBoard is installed (`pip install tensorboard`), else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(log_dir=str(log_dir))
-
-
-def _format(name: str, value: Any) -> str:
-    if isinstance(value, float):
-        text = f"{value:.3e}" if name == "lr" or (value != 0 and abs(value) < 1e-3) else f"{value:.4f}"
-        return f"{name} {text}"
-    return f"{name} {value}"

@@ -1,0 +1,27 @@
+def three_datasets(returned: object) -> tuple[Any, Any, Any]:
+    """data.py's (train, val, test), or a DataError saying what build_datasets returned instead."""
+    if isinstance(returned, tuple | list) and len(returned) == 3:
+        return returned[0], returned[1], returned[2]
+    if returned is None:
+        got = "None"
+    elif isinstance(returned, tuple | list | dict):
+        got = f"a {type(returned).__name__} of {len(returned)}"
+    else:
+        got = f"a {type(returned).__name__}"
+    raise DataError(f"data.py: build_datasets must return (train, val, test) datasets, got {got}")
+
+
+@contextlib.contextmanager
+def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
+    """Around a call of your code (build_model, build_optimizer, ...): an exception raised in one of your
+    files becomes one line naming its file and line, `optim.py:22 failed building the optimizer: ...`.
+
+    `hint` ends that line when the error is about a dict: code written for one model, given several.
+    """
+    try:
+        yield
+    except Exception as error:
+        problem = user_code_error(error, doing)
+        if hint and problem is not error and re.search(r"\bdict\b", str(problem)):
+            problem = type(problem)(f"{problem}; {hint}")
+        raise problem from None
