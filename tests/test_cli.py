@@ -251,11 +251,13 @@ def test_no_package_name_shadows_what_a_tracker_imports(tmp_path, tracker):
 
     if find_spec(tracker) is None:
         pytest.skip(f"{tracker} is not installed")
+    rendered = looptpl("new", str(tmp_path / "rendered"), "--backend", "torch", "--strategy", "single", "--no-git")
+    assert rendered.exit_code == 0, rendered.stderr
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "__init__.py").write_text("")
-    for name in ("trackers.py", "errors.py"):
-        shutil.copy(REPO_ROOT / "templates" / "torch" / "src" / "{{package_name}}" / "kit" / name, probe / name)
+    for name in ("trackers.py", "errors.py"):  # the project's own, as rendered
+        shutil.copy(tmp_path / "rendered" / "src" / "rendered" / "kit" / name, probe / name)
     environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}  # SQLite
     environment.update(WANDB_MODE="offline", WANDB_SILENT="true")
     for folder in ("CONFIG", "CACHE", "DATA"):  # nothing written outside tmp_path
