@@ -94,9 +94,11 @@ def move_make_autocast(root: Path) -> None:
     (step.parent / "precision.py").write_text(header + text[start:end].rstrip() + "\n")
 
 
-def tagged_repository(root: Path, change: Callable[[Path], None]) -> Path:
-    """This checkout's template as v1.0.0 and with `change` as v1.1.0, in a git repository at `root`."""
-    copy_template(root)
+def tagged_repository(
+    root: Path, change: Callable[[Path], None], first: Callable[[Path], None] = copy_template
+) -> Path:
+    """`first` (this checkout's template) as v1.0.0 and with `change` as v1.1.0, in a git repository at `root`."""
+    first(root)
     env = {**os.environ, **GIT_IDENTITY}
     for version, step in ((V1, None), (V2, change)):
         if step:
@@ -680,19 +682,19 @@ BEFORE_KIT = "5a090a1"
 
 def release_then_this_checkout(root: Path, commit: str) -> Path:
     """A template repository tagged v1.0.0 (this repository's template at `commit`) and v1.1.0 (this checkout's)."""
-    root.mkdir(parents=True)
-    archive = root.parent / f"{commit}.tar"
-    subprocess.run(["git", "archive", "-o", str(archive), commit, "copier.yml", "templates"], cwd=REPO_ROOT, check=True)
-    subprocess.run(["tar", "-xf", str(archive), "-C", str(root)], check=True)
-    git(root, "init", "-q")
-    for version in (V1, V2):
-        if version == V2:
-            shutil.rmtree(root / "templates")
-            copy_template(root)
-        git(root, "add", "-A")
-        git(root, "commit", "-qm", f"Template {version}")
-        git(root, "tag", version)
-    return root
+
+    def release(root: Path) -> None:
+        root.mkdir(parents=True)
+        archive = root.parent / f"{commit}.tar"
+        files = ["copier.yml", "templates"]
+        subprocess.run(["git", "archive", "-o", str(archive), commit, *files], cwd=REPO_ROOT, check=True)
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(root)], check=True)
+
+    def this_checkout(root: Path) -> None:
+        shutil.rmtree(root / "templates")
+        copy_template(root)
+
+    return tagged_repository(root, this_checkout, first=release)
 
 
 @pytest.mark.slow
