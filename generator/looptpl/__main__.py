@@ -19,6 +19,8 @@ def main() -> None:
         if signals.cancelled:
             signals.report()
         raise
+    finally:  # the command is over: Python's own exit would put back the default handlers, and a signal
+        signals.ignore()  # then would kill the process with the project already in place
 
 
 if __name__ == "__main__":

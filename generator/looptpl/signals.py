@@ -96,6 +96,12 @@ def install() -> None:
         signal.signal(each, _cancel)
 
 
+def ignore() -> None:
+    """From now on SIGINT and SIGTERM do nothing (the command has ended; the process is exiting)."""
+    for each in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(each, signal.SIG_IGN)
+
+
 def report() -> None:
     """Print the cancellation and exit with its status (for a signal that came before a command ran)."""
     print(f"error: {MESSAGE}", file=sys.stderr)
