@@ -573,3 +573,25 @@ def test_the_check_rejects_an_unlisted_command_and_a_stale_mapping(tmp_path):
     (project / "tests").mkdir(parents=True)
     (project / "tests" / "test_distributed.py").write_text("def test_something_else(): ...\n")
     assert "lacks" in coverage_problem(multi_gpu, rule, {"torch": project})
+
+
+def _figures(text: str) -> list[str]:
+    """The ratios a text quotes: `0.86x`, `1.04×`."""
+    return re.findall(r"(?<![\d.])(\d+\.\d+)\s?[x×]", text)
+
+
+def test_every_benchmark_ratio_the_docs_quote_is_in_a_result_file():
+    """A figure on the benchmarks page comes from a file under bench/results/ (a ratio or the end of a
+    range the benchmarks printed, as measured or rounded): a figure typed by hand, or left behind when
+    the loop changed and its results were measured again, fails here."""
+    measured = []
+    for path in (REPO_ROOT / "bench" / "results").glob("*.txt"):
+        text = path.read_text()
+        measured += _figures(text) + [end for pair in re.findall(r"(\d+\.\d+) \.\. (\d+\.\d+)", text) for end in pair]
+    assert measured, "bench/results/ holds no ratio"
+    unbacked = []
+    for quoted in sorted(set(_figures((DOCS / "benchmarks.md").read_text()))):
+        places = len(quoted.split(".")[1])
+        if not any(round(float(figure), places) == float(quoted) for figure in measured if len(figure.split(".")[1]) >= places):
+            unbacked.append(quoted)
+    assert unbacked == [], f"docs/benchmarks.md quotes ratios no file in bench/results/ holds: {unbacked}"

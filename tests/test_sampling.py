@@ -140,3 +140,44 @@ def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, ki
         assert [samples.__getitems__(keys) for keys in order] == [seeded_for_every_generator(keys) for keys in order]
         assert torch.equal(torch.get_rng_state(), before)  # the caller's generators are left as they were
         assert samples.seeded == (set() if kind == "none" else {kind})  # the others cost nothing
+
+
+class Unmoved:
+    """Samples 0..99; sample 60 makes a draw that leaves its generator's position where it was."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> float:
+        import random
+
+        import numpy
+
+        if index != 60:
+            return float(index)
+        if self.kind == "numpy-cached-gaussian":  # takes the Gaussian NumPy's last normal draw cached
+            return float(numpy.random.standard_normal())
+        return float(sum(random.getrandbits(32) for _ in range(624)))  # Python's keys, remade; same position
+
+
+@pytest.mark.parametrize("kind", ["numpy-cached-gaussian", "python-whole-twister"])
+def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, kind):
+    # SeededSamples does not copy NumPy's whole state for every batch, nor compare Python's whole key
+    # array: these draws must be seen all the same, and seeded like any other.
+    import numpy
+
+    samples = sampling.SeededSamples(Unmoved(kind), seed=7)
+    numpy.random.seed(0)
+    numpy.random.standard_normal()  # the caller's draw leaves a Gaussian cached
+    assert samples.__getitems__([(1, index) for index in range(10)]) == [float(index) for index in range(10)]
+    state = numpy.random.get_state()
+    with sampling.callers_generators_kept():
+        sampling.seed_generators(7, 1, 60)
+        expected = Unmoved(kind)[60]
+    assert samples.__getitems__([(1, 60)]) == [expected]
+    assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
+    after = numpy.random.get_state()
+    assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached

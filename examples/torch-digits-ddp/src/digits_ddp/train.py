@@ -319,9 +319,10 @@ class Trainer:
         # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
         first = self.stages[0].name
         steps = [micro_step_losses(train_step, self.models, batch, self.config, first) for batch in micro_batches]
-        totals = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
+        totals = []  # this rank's [loss total, weight] of each stage
         applied = False
         for index, stage in enumerate(self.stages):
+            pairs = []
             with only_training(stage, self.stages):  # with several optimizers, only this stage's weights
                 for micro_step, losses in enumerate(steps):
                     # DDP averages the ranks' gradients in backward(): only on the last micro-step.
@@ -331,12 +332,12 @@ class Trainer:
                         # A fixed multiplier c = world_size / --global-batch-size (exact already for one
                         # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
                         stage.scaler.scale(loss.total * multiplier).backward()
-                    totals[index, 0] += loss.total.detach()
-                    totals[index, 1] += loss.weight
+                    pairs.append(torch.stack([loss.total.detach(), loss.weight]))
             self.per = loss.per if index == 0 else self.per  # what a unit of weight is: sample, token
+            totals.append(torch.stack(pairs).double().sum(dim=0))
             # The exact mean needs one more factor, --global-batch-size / sum_i(w_i), all-reduced on the device (no
             # host sync): 1 for a full batch of per-sample losses; short batches, padding, masks count exactly.
-            weight = distributed.all_reduce_sum(totals[index, 1].clone())
+            weight = distributed.all_reduce_sum(totals[-1][1].clone())
             factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
             stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones
             grads = [param.grad for param in stage.params if param.grad is not None]
@@ -349,7 +350,7 @@ class Trainer:
                 guard = stage.nan_guard
                 if guard.skips_updates and not guard.allow_update(distributed.is_finite(stage.grad_norm), where):
                     stage.optimizer.zero_grad(set_to_none=True)
-                    totals[index] = 0.0  # a dropped update's loss is left out of train_loss
+                    totals[-1] = torch.zeros_like(totals[-1])  # a dropped update's loss is left out of train_loss
                     continue
             torch._foreach_mul_(grads, factor)
             scale_before = stage.scaler.get_scale()
@@ -365,7 +366,7 @@ class Trainer:
         if applied and self.ema is not None:
             self.ema.update()  # --ema-decay: the average follows every update applied
         self.profiler.step()
-        return totals, applied
+        return torch.stack(totals), applied
 
     def set_training(self, training: bool) -> None:
         """Train or eval mode for the trained models; frozen ones always evaluate."""

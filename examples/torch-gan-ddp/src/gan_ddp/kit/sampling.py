@@ -18,6 +18,7 @@ forward is a collective); its values are dropped, so every sample counts exactly
 """
 
 import contextlib
+import ctypes
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -164,8 +165,47 @@ def generator_states() -> dict[str, Any]:
     """The states of the CPU generators data.py may draw from: torch's, Python's and NumPy's."""
     states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if numpy:
-        states["numpy"] = numpy.random.get_state()
+        states["numpy"] = _numpy_state.get()
     return states
+
+
+class NumpyState:
+    """`numpy.random.get_state()`, taken again only when it may have changed.
+
+    get_state() copies the generator into new arrays (60 us, more than loading a small sample, and
+    SeededSamples needs it twice a batch). The Mersenne Twister behind NumPy's global functions is
+    read in place instead (NumPy's ctypes interface: its 624 keys and position, under a microsecond):
+    while it has not moved, the state is the one taken last, unless a Gaussian was cached then
+    (drawing that one moves nothing but the cache).
+    """
+
+    TWISTER_BYTES = 624 * 4 + 4  # NumPy's mt19937_state: uint32 key[624]; int pos
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.twister: bytes | None = None
+        self.readable: bool | None = None  # whether the twister reads as get_state() says; checked once
+
+    def get(self) -> Any:
+        twister = self.read_twister()
+        if twister is None or twister != self.twister or self.state[3]:  # [3]: a Gaussian is cached
+            self.state, self.twister = numpy.random.get_state(), twister
+        return self.state
+
+    def read_twister(self) -> bytes | None:
+        """The generator's keys and position as bytes; None where it cannot be read so (another generator)."""
+        generator = getattr(numpy.random, "get_bit_generator", lambda: None)()  # NumPy >= 1.25
+        if type(generator) is not numpy.random.MT19937 or self.readable is False:
+            return None  # numpy.random.set_bit_generator() chose another, or an older NumPy
+        twister = ctypes.string_at(generator.ctypes.state_address, self.TWISTER_BYTES)
+        if self.readable is None:
+            state: Any = numpy.random.get_state()  # ("MT19937", keys, position, has_gauss, cached_gaussian)
+            position = int(state[2]).to_bytes(4, "little", signed=True)
+            self.readable = twister == state[1].astype("<u4").tobytes() + position
+        return twister if self.readable else None
+
+
+_numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 
 
 def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
@@ -197,11 +237,15 @@ def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
 
 
 def _same(name: str, left: Any, right: Any) -> bool:
+    if left is right:  # NumPy's state, not taken again (NumpyState)
+        return True
     if name == "torch":
         return torch.equal(left, right)
     if name == "numpy":  # ("MT19937", its keys as an array, position, has_gauss, cached_gaussian)
         return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
-    return bool(left == right)
+    # Python's: (version, its 624 keys and position, cached Gaussian). A draw moves the position; the keys
+    # are all remade every 624 draws, so equal positions and first keys mean no draw (a chance of 2^-256).
+    return left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8]  # type: ignore[no-any-return]
 
 
 def seed_generators(seed: int, epoch: int, position: int, names: Iterable[str] = GENERATORS) -> None:
