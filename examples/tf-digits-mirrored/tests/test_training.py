@@ -1,4 +1,4 @@
-"""The loop trains, logs, plots, stops on SIGTERM and resumes, and refuses bad input, on one replica.
+"""The loop trains, logs, plots, stops on SIGTERM or Ctrl-C and resumes, and refuses bad input, on one replica.
 
 Accumulation, resume part-way, early stopping, short batches and NaN handling are tested in the
 strategy's own test file: test_one_device.py, or test_distributed.py on two replicas.
@@ -84,19 +84,21 @@ def test_config_rejects_out_of_range_values():
         TrainConfig(nan_policy="skip", precision="fp16").validate()
 
 
-def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(reference, tmp_path):
-    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every check
-    # (here after every update) with a checkpoint, exit status 143, and --resume carries on exactly.
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("Ctrl-C", 130)])
+def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(reference, tmp_path, name, code):
+    # What Slurm and Kubernetes send before a kill, or a Ctrl-C: the run stops at its next --log-every
+    # check (here after every update) with a checkpoint, exit status 128 + the signal, and --resume
+    # carries on exactly.
     flags = (*TRAIN_FLAGS, "--steps-per-call", "1", "--log-every", "1")
     training = start_training(tmp_path, *flags)
     deadline = time.monotonic() + 120
     while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    training.process.send_signal(signal.SIGTERM)
+    training.process.send_signal(signal.SIGINT if name == "Ctrl-C" else signal.SIGTERM)
     result = finish(training, expect_success=False)
-    assert result.returncode == 143, result.stdout
-    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
-    assert "stopped by SIGTERM after" in result.stdout
+    assert result.returncode == code, result.stdout
+    assert result.stdout.count(f"{name}: stopping at the next --log-every boundary, with a checkpoint") == 1
+    assert f"stopped by {name} after" in result.stdout and "Traceback" not in result.stdout
     run_training(tmp_path, *flags, "--resume")
     assert_same_weights(final_weights(reference), final_weights(tmp_path))
     assert metrics(reference) == metrics(tmp_path)

@@ -1,11 +1,14 @@
 """A resumed run ends exactly like an uninterrupted one: from an epoch end, from part-way through an
-epoch (with random augmentation, dropout and DataLoader workers) and after a SIGTERM."""
+epoch (with random augmentation, dropout and DataLoader workers) and after a SIGTERM or a Ctrl-C."""
 
+import os
 import signal
 import time
 
+import pytest
 from conftest import (
     assert_same_weights,
+    edited_sources,
     final_average,
     final_weights,
     finish,
@@ -57,25 +60,57 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     assert {"val_ema_loss", "val_loss"} <= set(metrics(tmp_path / "resumed")[-1])
 
 
-def test_sigterm_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path):
-    # What Slurm and Kubernetes send before a kill: the run stops at its next --log-every
-    # boundary with a checkpoint, exit status 143, and --resume carries on as if nothing happened.
-    flags = ("--epochs", "8", "--log-every", "1")
+@pytest.mark.parametrize(("name", "workers", "code"), [("SIGTERM", "0", 143), ("Ctrl-C", "2", 130)])
+def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path, name, workers, code):
+    # SIGTERM is what Kubernetes sends the training process before a kill; Ctrl-C is what a terminal
+    # sends to every process of its group, DataLoader workers too. Either way the run stops at its next
+    # --log-every boundary with a checkpoint, exit status 128 + the signal, and --resume carries on as if
+    # nothing happened.
+    # The next boundary is updates away: DataLoader workers (forked with the loop's handlers) must
+    # leave the Ctrl-C to the loop, keep loading until then, and say nothing.
+    flags = ("--epochs", "8", "--log-every", str(updates_per_epoch() // 2), "--num-workers", workers)
     straight = start_training(tmp_path / "straight", *flags)  # meanwhile, the run to compare with
     training = start_training(tmp_path / "stopped", *flags)
     deadline = time.monotonic() + 120
     while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    training.process.send_signal(signal.SIGTERM)
+    if name == "Ctrl-C":
+        os.killpg(training.process.pid, signal.SIGINT)
+    else:
+        training.process.send_signal(signal.SIGTERM)
     result = finish(training, expect_success=False)
-    assert result.returncode == 143, result.stdout
-    assert "SIGTERM: stopping at the next --log-every boundary, with a checkpoint" in result.stdout
-    assert "stopped by SIGTERM after" in result.stdout
+    assert result.returncode == code, result.stdout
+    assert result.stdout.count(f"{name}: stopping at the next --log-every boundary, with a checkpoint") == 1
+    assert f"stopped by {name} after" in result.stdout and "Traceback" not in result.stdout
     assert not list((tmp_path / "stopped").rglob("*.tmp"))
     run_training(tmp_path / "stopped", *flags, "--resume")
     finish(straight)
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
     assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path):
+    # Updates slowed by a hook, and no --log-every boundary for seconds: the first Ctrl-C asks for a
+    # stop there, the second one (a second later) ends the run now, without a traceback.
+    end = '(`.item()` waits for the device every update)."""\n'  # the end of after_update's docstring
+    slower = '        time.sleep(0.05)\n        (Path(self.config.run_dir) / "updating").touch()\n'
+    sources = edited_sources(tmp_path / "slower", "hooks.py", end, end + slower)
+    imports = "from typing import Any\n"
+    more_imports = "import time\nfrom pathlib import Path\n" + imports
+    sources = edited_sources(tmp_path / "imports", "hooks.py", imports, more_imports, sources)
+    flags = ("--epochs", "3", "--global-batch-size", "8", "--log-every", "100000")  # 126 updates an epoch
+    training = start_training(tmp_path / "run", *flags, sources=sources)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "updating").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(training.process.pid, signal.SIGINT)
+    time.sleep(1.5)
+    os.killpg(training.process.pid, signal.SIGINT)
+    result = finish(training, expect_success=False)
+    assert result.returncode == 130, result.stdout
+    assert "Ctrl-C again to stop at once" in result.stdout and "Traceback" not in result.stdout
+    last_line = result.stdout.rstrip().splitlines()[-1]
+    assert last_line == "error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume"
 
 
 def test_a_run_goes_on_from_the_updates_it_has_done_whatever_flags_led_there(tmp_path):

@@ -67,6 +67,9 @@ except Exception as error:
         raise
     sys.exit(f"error: {problem}")
 
+# The signals that stop a run, as people name them.
+SIGNALS: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
@@ -77,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training started, a second one during it, or one while testing
+        print("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume", file=sys.stderr)
+        return 130
     except tf.errors.InvalidArgumentError as error:
         # A value the compiled step refused as it ran (a label out of range, a sample of another
         # shape): TensorFlow raises it from inside the graph, with no line of your code to name.
@@ -102,8 +108,8 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     if summary is None:
         if runtime.is_main:
             print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
-        # 143 (128 + SIGTERM) tells a scheduler the job was stopped, not finished.
-        return 143 if trainer.terminate else 0
+        # 128 + the signal (130 for Ctrl-C, 143 for SIGTERM) tells a scheduler the job was stopped, not finished.
+        return 128 + (trainer.stop_signal or signal.SIGTERM) if trainer.terminate else 0
     if runtime.is_main:
         (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         width = max(map(len, summary))
@@ -168,7 +174,9 @@ class Trainer:
             self.hooks_state = HooksState()
             self.checkpointer = self.make_checkpointer(optimizers)
         self.samples_trained = 0  # by this process, for the throughput
-        self.terminate = False  # a SIGTERM arrived
+        self.terminate = False  # a signal asked the run to stop
+        self.stop_signal = 0  # SIGTERM or SIGINT (Ctrl-C), once one reached this process
+        self.stop_asked = 0.0  # when (time.monotonic())
         self.stopped = ""  # why fit() stopped before the end, in words
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
         self.progress = ProgressBar(config.progress and runtime.is_main)
@@ -207,6 +215,7 @@ class Trainer:
         with `stopped` saying why: it is checkpointed and unfinished, not tested.
         """
         signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
         started = time.perf_counter()
         stopped_early = False
         updates = int(self.epoch.numpy()) * self.updates_per_epoch + int(self.position.numpy())
@@ -246,7 +255,7 @@ class Trainer:
                 break
             self.terminate = self.runtime.any_worker(self.terminate)
             if self.terminate or epoch + 1 == self.config.stop_after_epoch:
-                self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {epoch + 1}"
+                self.stopped = self.stopped_by() + f"after epoch {epoch + 1}"
                 return None
             if (epoch + 1) * self.updates_per_epoch == self.config.stop_after_step:
                 self.stopped = f"after update {self.config.stop_after_step}"
@@ -307,7 +316,7 @@ class Trainer:
                 self.save_within_epoch(epoch, updates)
                 if stop:
                     self.progress.finish()
-                    self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {in_run}"
+                    self.stopped = self.stopped_by() + f"after update {in_run}"
                     return None
         self.running.assign(tf.stack([epoch_totals, window]))
         self.samples_trained += samples
@@ -405,12 +414,23 @@ class Trainer:
         return f"the end of epoch {epoch}"
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.terminate and self.runtime.is_main:
-            print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
-        self.terminate = True
+        """SIGTERM or Ctrl-C: stop at the next --log-every boundary, with a checkpoint. A second Ctrl-C: now."""
+        if self.stop_signal:
+            # A launcher may hand a Ctrl-C on to its workers, which had it from the terminal: only a later one counts.
+            if signum == signal.SIGINT and time.monotonic() - self.stop_asked > 1.0:
+                raise KeyboardInterrupt
+            return
+        self.stop_signal, self.stop_asked, self.terminate = signum, time.monotonic(), True
+        if self.runtime.is_main:
+            again = " (Ctrl-C again to stop at once, without one)" if signum == signal.SIGINT else ""
+            print(f"{SIGNALS[signum]}: stopping at the next --log-every boundary, with a checkpoint{again}", flush=True)
+
+    def stopped_by(self) -> str:
+        return f"by {SIGNALS[self.stop_signal or signal.SIGTERM]} " if self.terminate else ""
 
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) weights on the test set and return the summary."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # training is over: Ctrl-C stops at once
         tested = "last"
         best_epoch = int(self.early_stopping.best_epoch.numpy())
         if self.config.test_on == "best" and int(self.position.numpy()) and best_epoch == int(self.epoch.numpy()):

@@ -71,6 +71,9 @@ except Exception as error:
         raise
     sys.exit(f"error: {problem}")
 
+# The signals that stop a run, as people name them.
+SIGNALS: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -87,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         # alone (a bad batch) must not wait for the others, which would hang in their next collective.
         distributed.teardown(wait_for_others=error.on_every_rank)
         return error.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training started, a second one during it, or one while testing
+        print("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume", file=sys.stderr)
+        distributed.teardown(wait_for_others=False)
+        return 130
     except BaseException as error:
         # A crash: leave at once so the other ranks fail fast instead of waiting for this one.
         distributed.teardown(wait_for_others=False)
@@ -120,8 +127,8 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     if summary is None:
         if runtime.is_main:
             print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
-        # 143 (128 + SIGTERM) tells a scheduler the job was stopped, not finished.
-        return 143 if trainer.terminate else 0
+        # 128 + the signal (130 for Ctrl-C, 143 for SIGTERM) tells a scheduler the job was stopped, not finished.
+        return 128 + trainer.stop_signal if trainer.stop_signal else 0
     if runtime.is_main:
         (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         width = max(map(len, summary))
@@ -179,7 +186,8 @@ class Trainer:
         # The epoch's running totals on this rank (loss sums, skipped updates), as checkpoints hold them.
         self.running: dict[str, Any] = {}
         self.samples_trained = 0  # by this process, for the throughput
-        self.terminate = False  # a SIGTERM arrived
+        self.stop_signal = 0  # SIGTERM or SIGINT (Ctrl-C), once one asked the run to stop
+        self.stop_asked = 0.0  # when (time.monotonic())
         self.stopped = ""  # why fit() stopped before the end, in words
         self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
         stage_optimizers = [stage.optimizer for stage in self.stages]
@@ -201,6 +209,7 @@ class Trainer:
         SIGTERM), with `stopped` saying why: it is checkpointed and unfinished, not tested.
         """
         signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
         started = time.perf_counter()
         stopped_early = False
         updates = self.epoch * self.updates_per_epoch + self.position
@@ -231,7 +240,7 @@ class Trainer:
             if distributed.agree(self.early_stopping.should_stop):
                 stopped_early = True
                 break
-            finish, terminate = distributed.any_rank(bool(self.run.stop_reason), self.terminate)
+            finish, terminate = distributed.any_rank(bool(self.run.stop_reason), bool(self.stop_signal))
             if finish:
                 self.run.stop_reason = self.run.stop_reason or "a hook asked, on another rank"
                 if self.logger is not None:
@@ -239,7 +248,7 @@ class Trainer:
                 stopped_early = True
                 break
             if terminate or self.epoch == self.config.stop_after_epoch:
-                self.stopped = ("by SIGTERM " if self.terminate else "") + f"after epoch {self.epoch}"
+                self.stopped = self.stopped_by() + f"after epoch {self.epoch}"
                 return None
             if self.epoch * self.updates_per_epoch == self.config.stop_after_step:
                 self.stopped = f"after update {self.config.stop_after_step}"
@@ -287,7 +296,7 @@ class Trainer:
                 window.zero_()
                 window_samples = 0
                 # A SIGTERM or a hook's stop may reach some ranks only: if any rank got one, every rank stops here.
-                stop, finish = distributed.any_rank(self.terminate, bool(self.run.stop_reason))
+                stop, finish = distributed.any_rank(bool(self.stop_signal), bool(self.run.stop_reason))
                 self.loaders.check_streams_agree(updates)
                 if finish:
                     break  # a hook ends the run: this epoch ends here, and fit validates and checkpoints it
@@ -301,7 +310,7 @@ class Trainer:
                 self.save_within_epoch(epoch, done)
                 if stop:
                     self.progress.finish()
-                    self.stopped = ("by SIGTERM " if self.terminate else "") + f"after update {updates}"
+                    self.stopped = self.stopped_by() + f"after update {updates}"
                     return None
         self.running = {"totals": epoch_totals, "window": window, "skipped": skipped}
         self.samples_trained += epoch_samples
@@ -475,12 +484,23 @@ class Trainer:
         return f"the end of epoch {self.epoch}"
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.terminate and self.runtime.is_main:
-            print("SIGTERM: stopping at the next --log-every boundary, with a checkpoint", flush=True)
-        self.terminate = True
+        """SIGTERM or Ctrl-C: stop at the next --log-every boundary, with a checkpoint. A second Ctrl-C: now."""
+        if self.stop_signal:
+            # torchrun hands a Ctrl-C on to its ranks, which had it from the terminal: only a later one counts.
+            if signum == signal.SIGINT and time.monotonic() - self.stop_asked > 1.0:
+                raise KeyboardInterrupt
+            return
+        self.stop_signal, self.stop_asked = signum, time.monotonic()
+        if self.runtime.is_main:
+            again = " (Ctrl-C again to stop at once, without one)" if signum == signal.SIGINT else ""
+            print(f"{SIGNALS[signum]}: stopping at the next --log-every boundary, with a checkpoint{again}", flush=True)
+
+    def stopped_by(self) -> str:
+        return f"by {SIGNALS[self.stop_signal]} " if self.stop_signal else ""
 
     def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # training is over: Ctrl-C stops at once
         tested = "last"
         if self.config.test_on == "best" and self.position and self.early_stopping.best_epoch == self.epoch:
             tested = f"best (epoch {self.epoch}, the final weights)"  # validated part-way: never linked as best.pt

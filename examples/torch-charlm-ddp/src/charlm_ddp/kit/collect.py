@@ -36,7 +36,8 @@ class Mean:
                 "over the batch (use reduction='none'): the loop averages over the whole global batch"
             )
         if weights is None:
-            self.total, self.weight = values.sum(), torch.tensor(float(values.numel()), device=values.device)
+            # Filled on the device: torch.tensor(n, device=...) would copy it from the host at every micro-step.
+            self.total, self.weight = values.sum(), torch.full((), float(values.numel()), device=values.device)
         else:
             if not isinstance(weights, torch.Tensor) or weights.shape != values.shape:
                 raise StepError(

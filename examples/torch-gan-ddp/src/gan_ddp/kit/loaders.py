@@ -11,6 +11,7 @@ import functools
 import numbers
 import os
 import reprlib
+import signal
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ class Loaders:
             num_workers=workers,
             pin_memory=device.type == "cuda",
             persistent_workers=workers > 0,
+            worker_init_fn=leave_ctrl_c_to_the_loop,
             # Their own generator: starting a loader draws a seed for its workers, which must not come
             # from the global generator that drives dropout (a resumed run starts one more loader).
             generator=torch.Generator(),
@@ -172,6 +174,12 @@ def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: i
             f"{world_size} ranks x {config.grad_accum_steps} micro-steps; lower --global-batch-size or add data"
         )
     return sampler
+
+
+def leave_ctrl_c_to_the_loop(worker_id: int) -> None:
+    """A DataLoader worker ignores Ctrl-C (a terminal sends it to every process): the training process
+    stops the run at its next boundary, with a checkpoint, and needs its workers until then."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def default_workers(device: torch.device) -> int:
