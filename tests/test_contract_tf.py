@@ -78,29 +78,34 @@ def lm(tmp_path_factory) -> Path:
 TINY_LM = ("--epochs", "1", "--schedule", "constant", "--warmup-steps", "0")
 
 
-def test_token_weighted_loss_is_exact_over_replicas_and_micro_steps(lm, tmp_path):
+@pytest.fixture(scope="module")
+def lm_runs(lm, tmp_path_factory) -> dict[str, Path]:
+    """The language model on one replica, and on 2 replicas with accumulation, plain and under XLA:
+    the three runs the equivalence tests below compare, trained side by side."""
+    root = tmp_path_factory.mktemp("lm_runs")
+    in_parallel(
+        lambda: train_tf(lm, root / "one", *TINY_LM),
+        lambda: train_tf(lm, root / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2),
+        lambda: train_tf(lm, root / "xla", *TINY_LM, "--grad-accum-steps", "2", "--jit-compile", replicas=2),
+    )
+    return {name: root / name for name in ("one", "two", "xla")}
+
+
+def test_token_weighted_loss_is_exact_over_replicas_and_micro_steps(lm_runs):
     # Functions of 48-160 bytes, padded per replica batch: the update is only right if the engine
     # divides by the real tokens of all replicas and micro-steps together.
-    in_parallel(
-        lambda: train_tf(lm, tmp_path / "one", *TINY_LM),
-        lambda: train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", replicas=2),
-    )
-    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) < TOLERANCE
-    one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
+    assert relative_difference(tf_weights(lm_runs["one"]), tf_weights(lm_runs["two"])) < TOLERANCE
+    one, two = records(lm_runs["one"])[-1], records(lm_runs["two"])[-1]
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
     assert one["val_tokens"] == two["val_tokens"] > 51 * 40  # every real token of the split, counted once
     assert one["val_perplexity"] == pytest.approx(math.exp(one["val_loss"]))
 
 
-def test_jit_compile_trains_padded_batches_of_every_length_like_the_graph(lm, tmp_path):
+def test_jit_compile_trains_padded_batches_of_every_length_like_the_graph(lm_runs):
     # XLA compiles each micro-step once per shape: every padded length, the short last batch. On 2
     # replicas with accumulation it must still give the update of one uncompiled replica.
-    in_parallel(
-        lambda: train_tf(lm, tmp_path / "one", *TINY_LM),
-        lambda: train_tf(lm, tmp_path / "two", *TINY_LM, "--grad-accum-steps", "2", "--jit-compile", replicas=2),
-    )
-    assert relative_difference(tf_weights(tmp_path / "one"), tf_weights(tmp_path / "two")) < TOLERANCE
-    assert records(tmp_path / "two")[-1]["val_loss"] == pytest.approx(records(tmp_path / "one")[-1]["val_loss"])
+    assert relative_difference(tf_weights(lm_runs["one"]), tf_weights(lm_runs["xla"])) < TOLERANCE
+    assert records(lm_runs["xla"])[-1]["val_loss"] == pytest.approx(records(lm_runs["one"])[-1]["val_loss"])
 
 
 def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
