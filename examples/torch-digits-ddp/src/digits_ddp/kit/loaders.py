@@ -6,8 +6,10 @@ micro-batches of the next update and for the batches of an evaluation, and gets 
 device; an error in data.py names its file and line.
 """
 
+import atexit
 import collections
 import functools
+import multiprocessing
 import numbers
 import os
 import reprlib
@@ -50,7 +52,7 @@ class Loaders:
             num_workers=workers,
             pin_memory=device.type == "cuda",
             persistent_workers=workers > 0,
-            worker_init_fn=leave_ctrl_c_to_the_loop,
+            worker_init_fn=WorkerSignals() if workers > 0 else None,
             # Their own generator: starting a loader draws a seed for its workers, which must not come
             # from the global generator that drives dropout (a resumed run starts one more loader).
             generator=torch.Generator(),
@@ -176,10 +178,27 @@ def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: i
     return sampler
 
 
-def leave_ctrl_c_to_the_loop(worker_id: int) -> None:
-    """A DataLoader worker ignores Ctrl-C (a terminal sends it to every process): the training process
-    stops the run at its next boundary, with a checkpoint, and needs its workers until then."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class WorkerSignals:
+    """Leaves Ctrl-C and SIGTERM to the training process: a DataLoader worker's `worker_init_fn`.
+
+    A terminal sends Ctrl-C, and Slurm its SIGTERM, to every process: the training process stops the
+    run at its next boundary, with a checkpoint, and needs its workers until then (a worker ended by
+    the signal would fail the run there). Once the training process exits, Python ends the workers
+    with a SIGTERM and waits for them: from then on a SIGTERM ends a worker, with exit status 0 (torch
+    reports a worker killed by a signal as a failure).
+    """
+
+    def __init__(self) -> None:
+        self.exiting = multiprocessing.Event()  # shared with the workers
+        atexit.register(self.exiting.set)  # runs before multiprocessing's own exit handler, registered earlier
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        if self.exiting.is_set():
+            os._exit(0)
 
 
 def default_workers(device: torch.device) -> int:
