@@ -364,7 +364,8 @@ def report(
     print(
         f"\ntorch {torch.__version__}, {args.threads} thread(s) on {cores} CPUs; train {args.train_size} samples, "
         f"batch {args.batch_size}, {args.warmup_epochs} warmup + {args.epochs} timed epochs x {args.rounds} rounds; "
-        f"progress bar {args.progress}; augmentation {'on' if args.augment else 'off'}; hand-written schedule {'warmup+cosine' if args.hand_schedule else 'none'}; "
+        f"progress bar {args.progress}; augmentation {'on' if args.augment else 'off'}; "
+        f"hand-written schedule {'warmup+cosine' if args.hand_schedule else 'none'}; "
         f"template {template_revision()}; {elapsed:.0f}s; load average {load[0]:.1f} -> {load[1]:.1f}"
     )
     if max(load) > cores:
