@@ -596,3 +596,14 @@ def test_every_benchmark_ratio_the_docs_quote_is_in_a_result_file():
         if not any(round(float(figure), places) == float(quoted) for figure in precise_enough):
             unbacked.append(quoted)
     assert unbacked == [], f"docs/benchmarks.md quotes ratios no file in bench/results/ holds: {unbacked}"
+
+
+@pytest.mark.parametrize("backend", ["torch", *TF_STRATEGIES])
+def test_train_help_names_the_real_command_and_gives_the_defaults(exercised, backend):
+    if backend == "torch":
+        help_text = exercised["outputs"][TRAIN_HELP].stdout
+    else:
+        help_text = exercised["helps"][backend, TRAIN_HELP].stdout
+    assert help_text.startswith("usage: python -m myproj.train [flags]\n")
+    assert re.search(r"--epochs EPOCHS +Passes over the training data\. \(default: \d+\)", help_text)
+    assert "(default: )" not in help_text  # an empty default says nothing

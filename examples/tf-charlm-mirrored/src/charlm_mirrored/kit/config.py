@@ -242,7 +242,13 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
     given on the command line wins. A mistake is one line naming its flag, or its file and key.
     """
-    parser = argparse.ArgumentParser(description="Train the model.", allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__name__.rsplit('.', 2)[0]}.train",  # this project's package: PKG.kit.config's PKG
+        usage="%(prog)s [flags]",
+        description="Train the model. Every flag is also a key of a --config file; yours (settings.py) come first.",
+        formatter_class=ShowDefaults,
+        allow_abbrev=False,
+    )
     types = typing.get_type_hints(TrainConfig)
     # The --config file first: its values become the defaults that the other flags override.
     config_file = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -276,6 +282,15 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     except ConfigError as error:
         parser.exit(2, f"error: {error}\n")
     return config
+
+
+class ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help gives each flag's default (as settings.py or a --config file set it), except an empty one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in ("", None):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _number(kind: type) -> typing.Callable[[str], object]:
