@@ -302,7 +302,6 @@ def test_no_file_is_held_twice_in_the_backends_trees():
 # Backend-neutral functions and classes inside files that differ between the backends: the same text in both.
 SHARED_DEFINITIONS = {
     "src/{{package_name}}/kit/collect.py": ["evaluation"],
-    "src/{{package_name}}/kit/config.py.jinja": ["check_resumable", "flag", "parse_config", "_number"],
     "src/{{package_name}}/kit/errors.py.jinja": [
         "ConfigError",
         "TrainingError",
