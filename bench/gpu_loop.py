@@ -124,15 +124,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def render(destination: Path, strategy: str, template: Path = REPO) -> None:
-    """`looptpl new` a torch project from `template` (a checkout), with the benchmark's step.py."""
-    looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or shutil.which("looptpl")
-    if looptpl is None:
-        sys.exit("error: looptpl is not installed here; render with --prepare where it is, then pass --projects")
+    """`looptpl new` a torch project from the looptpl of `template` (a checkout), with the benchmark's step.py."""
+    # The checkout's own generator renders its own template. The project is written outside every checkout
+    # first: copier reads a checkout's template through git, and files inside it would make it dirty.
+    environment = {**os.environ, "PYTHONPATH": str(template / "generator")}
     name = f"bench_{destination.name}".replace("-", "_")
-    command = [looptpl, "new", str(destination), "--backend", "torch", "--strategy", strategy, "--name", name]
-    subprocess.run([*command, "--defaults", "--no-git"], check=True, cwd=template, stdout=subprocess.DEVNULL)
-    (package,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
-    (package / "step.py").write_text(STEP_PY)
+    with tempfile.TemporaryDirectory() as scratch:
+        project = Path(scratch) / destination.name
+        command = [sys.executable, "-m", "looptpl", "new", str(project), "--backend", "torch", "--strategy", strategy]
+        command += ["--name", name, "--defaults", "--no-git"]
+        subprocess.run(command, check=True, env=environment, stdout=subprocess.DEVNULL)
+        (package,) = [path for path in (project / "src").iterdir() if (path / "train.py").exists()]
+        (package / "step.py").write_text(STEP_PY)
+        shutil.move(project, destination)
 
 
 STEP_PY = '''"""The benchmark's step: mean cross-entropy over tokens (the GPT's dict batches) or images."""

@@ -328,6 +328,16 @@ def test_destination_inside_a_file_is_refused(tmp_path):
     assert "cannot write to" in result.stderr
 
 
+def test_a_destination_inside_the_development_checkout_is_refused():
+    # Copier reads a checkout's template through git; a project inside it failed with "None" for a reason.
+    destination = REPO_ROOT / "bench" / "not-a-project"
+    result = looptpl("new", str(destination), "--defaults", "--no-git")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert "inside the looptpl checkout" in result.stderr and "choose a folder outside it" in result.stderr
+    assert not destination.exists()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
 def test_unwritable_destination_is_refused(tmp_path):
     locked = tmp_path / "locked"

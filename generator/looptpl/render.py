@@ -49,8 +49,9 @@ def render_project(request: RenderRequest) -> list[str]:
     except OSError as error:
         fix = "free some space and retry" if error.errno == errno.ENOSPC else "choose another folder"
         where = f" ({error.filename})" if error.filename else ""
+        reason = error.strerror or str(error).splitlines()[0]  # a failed git (copier's plumbum) has no strerror
         raise LooptplError(
-            f"cannot write the project to {destination}: {error.strerror}{where}; nothing was written, {fix}",
+            f"cannot write the project to {destination}: {reason}{where}; nothing was written, {fix}",
             exit_code=1,
         ) from None
 

@@ -11,6 +11,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
+from looptpl import template_source
 from looptpl.errors import LooptplError
 
 # A PEP 508 distribution name (pyproject.toml's `name`) that starts with a letter: it ends with a letter or digit.
@@ -176,6 +177,13 @@ def check_destination(destination: Path) -> None:
     parent = nearest_existing_parent(destination)
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise LooptplError(f"cannot write to {parent}; choose a destination in a folder you can write to")
+    checkout = template_source.template_root()
+    if template_source.is_git_checkout(checkout) and destination.resolve().is_relative_to(checkout.resolve()):
+        # Copier reads a checkout's template through git: a project written inside it makes the checkout dirty.
+        raise LooptplError(
+            f"{destination} is inside the looptpl checkout {checkout}, whose template copier reads through git; "
+            "choose a folder outside it"
+        )
 
 
 def nearest_existing_parent(path: Path) -> Path:
