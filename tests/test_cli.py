@@ -374,7 +374,12 @@ def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
     result = looptpl("todo", str(project))
     assert result.exit_code == 1
     listed = result.stdout.splitlines()
-    assert any(line.startswith("src/proj/data.py:") and "load your data" in line for line in listed)
+    # A TODO over two comment lines is listed whole, and the files come in the order to fill them in.
+    assert any(line.startswith("src/proj/data.py:") and "uneven evaluation shards." in line for line in listed)
+    assert listed[0].startswith("src/proj/data.py:") and listed[-1].startswith("src/proj/settings.py:")
+    assert "fill them in this order: data.py, model.py, step.py, loss.py, metrics.py, optim.py, settings.py." in (
+        result.stderr
+    )
     assert {line.split(":")[0] for line in listed} == {
         f"src/proj/{name}.py" for name in ("data", "model", "step", "loss", "metrics", "optim", "settings")
     }
@@ -383,6 +388,32 @@ def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
     result = looptpl("todo", str(project))
     assert result.exit_code == 0
     assert "No TODOs left." in result.stdout
+
+
+def test_new_without_dest_is_one_line_and_names_are_not_case_sensitive(tmp_path):
+    result = looptpl("new", "--defaults")
+    assert result.exit_code == 2
+    assert (
+        result.stderr.strip()
+        == "error: looptpl new needs DEST, the folder to create the project in: looptpl new myproj"
+    )
+    result = looptpl("new", str(tmp_path / "proj"), "--backend", "Torch", "--strategy", "DDP", "--no-git", "--defaults")
+    assert result.exit_code == 0, result.stderr
+    assert (answers(tmp_path / "proj")["backend"], answers(tmp_path / "proj")["strategy"]) == ("torch", "ddp")
+
+
+def test_help_is_plain_and_list_wraps_between_words():
+    result = subprocess.run(
+        ["looptpl", "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
+    assert "<bool>" not in result.stdout  # no type after a flag
+    assert "..." not in result.stdout.split("Commands:")[1]  # no summary cut short
+    listing = subprocess.run(
+        ["looptpl", "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
+    words = listing.stdout.split()
+    assert "MultiWorkerMirroredStrategy:" in words and "PKG.kit.launch" in words
+    assert max(map(len, listing.stdout.splitlines())) <= 80
 
 
 def test_todo_outside_a_project_is_a_clear_error(tmp_path):

@@ -228,7 +228,7 @@ COVERED = (
         "the project's test trains with bf16 and with fp16",
     ),
     Covered(
-        r"python -m myproj\.kit\.plot runs",
+        r"python -m myproj\.kit\.plot runs(/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d)?",
         TRAINING_TESTS,
         ("def test_plot_writes_curves_or_explains_what_is_missing", '"myproj.kit.plot"'),
         "needs a finished run; the test trains, then plots it",

@@ -26,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: no boxes, and no `<bool>` after every flag
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,12 +95,13 @@ def complete_example(incomplete: str) -> list[tuple[str, str]]:
     return [(example.name, example.summary) for example in list_examples() if example.name.startswith(incomplete)]
 
 
-@app.command()
+@app.command(short_help="Create a training project; in a terminal, asks for the rest.")
 @reports_errors
 def new(
     destination: Annotated[
-        str, typer.Argument(help="Folder to create the project in; it must not exist or be empty.", show_default=False)
-    ],
+        str | None,
+        typer.Argument(help="Folder to create the project in; it must not exist or be empty.", show_default=False),
+    ] = None,
     backend: Annotated[
         str | None,
         typer.Option(
@@ -163,6 +165,8 @@ def new(
     from looptpl.render import RenderRequest, render_project
     from looptpl.validation import nearest_existing_parent, resolve_destination
 
+    if destination is None:
+        raise LooptplError("looptpl new needs DEST, the folder to create the project in: looptpl new myproj")
     # Resolved once, before any question (nobody wants to answer and then hear "not empty"); all writes go below it.
     folder = resolve_destination(destination)
     given = merge_flags(parse_data(data or []), {"backend": backend, "strategy": strategy, "project_name": name})
@@ -214,7 +218,7 @@ def report_created(destination: str, answers: dict[str, str], example: str | Non
         typer.echo(f"Its files in src/{package}/ are example {example}'s: edit them to make it yours.")
 
 
-@app.command("list")
+@app.command("list", short_help="Show every backend, strategy and example, and how each launches.")
 @reports_errors
 def list_variants() -> None:
     """Show every backend and strategy, when to use it, and how its project is launched; then the examples."""
@@ -224,7 +228,10 @@ def list_variants() -> None:
     from looptpl.examples import list_examples
 
     console = Console()
-    table = Table("backend", "strategy", "when to use it", "launch", box=None)
+    table = Table("backend", "strategy", "when to use it", "launch", box=None, pad_edge=False)
+    # Each column as wide as its longest word (MultiWorkerMirroredStrategy:): cells wrap between words, not inside.
+    for column, texts in ((2, [variant.when for variant in VARIANTS]), (3, [variant.launch for variant in VARIANTS])):
+        table.columns[column].min_width = max(len(word) for text in texts for word in text.split())
     for variant in VARIANTS:
         table.add_row(variant.backend, variant.strategy, variant.when, variant.launch)
     console.print(table)
@@ -232,13 +239,15 @@ def list_variants() -> None:
     if examples:
         console.print("\nExamples (looptpl new DEST --example NAME):")
         width = max(len(example.name) for example in examples)
+        kinds = max(len(f"{example.backend}/{example.strategy}") for example in examples)
         for example in examples:
             # Plain lines, not a table: each stays one line that scripts and tests can read.
-            line = f"  {example.name:<{width}}  {example.backend}/{example.strategy}  {example.summary}"
+            kind = f"{example.backend}/{example.strategy}"
+            line = f"  {example.name:<{width}}  {kind:<{kinds}}  {example.summary}"
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="List the TODOs left to fill in; exit 1 while any remain (for CI).")
 @reports_errors
 def todo(
     path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
@@ -250,12 +259,13 @@ def todo(
     for item in todos:
         typer.echo(f"{item.path}:{item.line}: {item.text}")
     if todos:
-        typer.echo(f"{len(todos)} TODOs left.", err=True)
+        files = list(dict.fromkeys(item.path.name for item in todos))
+        typer.echo(f"{len(todos)} TODOs left; fill them in this order: {', '.join(files)}.", err=True)
         raise typer.Exit(1)
     typer.echo("No TODOs left.")
 
 
-@app.command()
+@app.command(short_help="Merge the new template into a project, keeping your edits.")
 @reports_errors
 def update(
     path: Annotated[
@@ -353,7 +363,7 @@ def update_command(path: Path, conflict: Conflict, strategy: str | None) -> str:
     return shlex.join(["looptpl", "update", str(path), *options])
 
 
-@app.command()
+@app.command(short_help="Rename the project's package; later updates follow it.")
 @reports_errors
 def rename(
     new_name: Annotated[str, typer.Argument(help="The package's new name, a Python identifier (my_model).")],
@@ -361,8 +371,9 @@ def rename(
         Path, typer.Argument(help="The generated project's folder; a git repository with no uncommitted changes.")
     ] = Path("."),
 ) -> None:
-    """Rename the project's package (src/OLD to src/NEW, its imports and the answers file) so later updates
-    follow it; your edits are kept. Exit 3 if files need attention."""
+    """Rename the project's package (src/OLD to src/NEW, its imports, the answers file); updates follow it.
+
+    Your edits are kept. Exit 3 if files need attention."""
     from looptpl.rename import rename_package
 
     renamed = rename_package(path, new_name)
@@ -380,13 +391,14 @@ def rename(
     typer.echo("Review with `git diff`, run the tests, then commit (or undo it with `git reset --hard`).")
 
 
-@app.command()
+@app.command(short_help="Tell whether the template is newer than a project; exit 1 if so.")
 @reports_errors
 def check(
     path: Annotated[Path, typer.Argument(help="The generated project's folder.")] = Path("."),
 ) -> None:
-    """Tell whether this looptpl has a newer template than a project; exit 1 when the two differ (for CI), 3 while
-    files still hold the conflict markers of an update."""
+    """Tell whether this looptpl has a newer template than a project; exit 1 if so (for CI), 3 on conflicts.
+
+    Exit 3 while files still hold the conflict markers of an update."""
     from looptpl.update import Status, files_with_markers, plan_update
 
     unfinished = files_with_markers(path)  # first: whatever else is wrong, an unfinished merge is named

@@ -45,10 +45,13 @@ def parse_data(items: Sequence[str]) -> dict[str, str]:
 
 def merge_flags(data: dict[str, str], flags: dict[str, str | None]) -> dict[str, str]:
     """The answers from --data and from the flags (`{"backend": "torch", ...}`); the two must not disagree."""
+    # Backends and strategies are names in lower case; `--strategy DDP` means ddp.
+    data = {key: value.lower() if key in ("backend", "strategy") else value for key, value in data.items()}
     given = dict(data)
     for key, value in flags.items():
         if value is None:
             continue
+        value = value.lower() if key in ("backend", "strategy") else value
         if key in data and data[key] != value:
             flag = FLAGS[key]
             raise LooptplError(

@@ -35,7 +35,8 @@ def runs(tmp_path_factory):
         "two": start_training(root / "two", *TRAIN_FLAGS, replicas=2),
         "two_accum": start_training(root / "two_accum", *TRAIN_FLAGS, "--grad-accum-steps", "2", replicas=2),
         # Stopped part-way through epoch 2 (26 updates an epoch with the template's data), checkpointed at 30.
-        "resumed": start_training(root / "resumed", *stopped, "--stop-after-step", "37", replicas=2),
+        # In a folder of its own under resumed/ ({start}), which --resume then finds.
+        "resumed": start_training(root / "resumed" / "{start}", *stopped, "--stop-after-step", "37", replicas=2),
         # With a zero learning rate the validation loss never improves after the first epoch.
         "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", replicas=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", replicas=2),
@@ -44,7 +45,7 @@ def runs(tmp_path_factory):
     }
     # The stopped run ends first, and is resumed while the others go on.
     results = {"resumed": finish(started.pop("resumed"))}
-    resume = start_training(root / "resumed", *stopped, "--resume", replicas=2)
+    resume = start_training(root / "resumed" / "{start}", *stopped, "--resume", replicas=2)
     results |= {name: finish(training, expect_success=name != "nan") for name, training in started.items()}
     results["resume"] = finish(resume)
     return root, results
@@ -91,9 +92,11 @@ def test_evaluation_counts_every_sample_once(reference, runs):
 
 def test_resume_on_two_replicas_matches_an_uninterrupted_run(runs):
     root, results = runs
+    [resumed] = [folder for folder in (root / "resumed").iterdir() if folder.is_dir()]  # named by its start
     assert resumed_message(37) in results["resume"].stdout
-    assert_same_weights(final_weights(root / "two"), final_weights(root / "resumed"))
-    assert metrics(root / "two") == metrics(root / "resumed")
+    assert f"run folder   {resumed}  (took " in results["resume"].stdout
+    assert_same_weights(final_weights(root / "two"), final_weights(resumed))
+    assert metrics(root / "two") == metrics(resumed)
 
 
 def test_a_stop_asked_by_a_hook_stops_every_replica_at_the_same_update(runs):

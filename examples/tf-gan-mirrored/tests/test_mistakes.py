@@ -249,6 +249,7 @@ CONFIG_FILE_MISTAKES = {
     "epochs = -1": "epochs must be at least 1, got -1",
     "global-batch-size = 0": "global-batch-size must be at least 1, got 0",
     'run_dir = ""': "run_dir is empty: the run would go into the current folder; name a folder",
+    'run_dir = "runs/{start}/{name}"': "run_dir may hold {start} once and no other braces, got 'runs/{start}/{name}'",
 }
 
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -23,9 +24,11 @@ from conftest import (
     run_training,
     sources_with_a_nan_training_sample,
     sources_with_dropout,
+    start,
     start_training,
     step_records,
     summary,
+    training_command,
 )
 from project import (
     losses,
@@ -66,16 +69,23 @@ def runs(tmp_path_factory):
         "changed_lr": start_training(root / "changed_lr", "--epochs", "2", "--stop-after-epoch", "1"),
         "changed_model": start_training(root / "changed_model", "--epochs", "2", "--stop-after-epoch", "1"),
     }
+    # The same command twice, with a folder per run: started together, they claim a folder each.
+    each = root / "each" / "{start}"
+    for name in ("each_first", "each_second"):
+        started[name] = start(training_command(each, "--epochs", "1"), root / f"{name}.log")
     # The stopped runs end first, and are resumed while the others go on.
-    results = {name: finish(started.pop(name)) for name in ("crashed", "changed_lr", "changed_model")}
+    stopped = ("crashed", "changed_lr", "changed_model", "each_first", "each_second")
+    results = {name: finish(started.pop(name)) for name in stopped}
     damage(root / "crashed" / "checkpoints" / "epoch-0002.pt")  # one bit flipped: it still loads
     resumed = {
         "crashed_resume": start_training(root / "crashed", "--epochs", "3", "--resume"),
         "lr_refused": start_training(root / "changed_lr", "--epochs", "2", "--resume", "--lr", "1e-5"),
         # A setting of settings.py that changes the network's shape.
         "model_refused": start_training(root / "changed_model", "--epochs", "2", "--resume", "--hidden-size", "32"),
+        "each_resumed": start(training_command(each, "--epochs", "1", "--resume"), root / "each_resumed.log"),
+        "none_to_resume": start_training(root / "none" / "{start}", "--epochs", "1", "--resume"),
     }
-    failing = {"nan", "diverged", "bad_split", "lr_refused", "model_refused"}
+    failing = {"nan", "diverged", "bad_split", "lr_refused", "model_refused", "none_to_resume"}
     started |= resumed
     results |= {name: finish(training, expect_success=name not in failing) for name, training in started.items()}
     return root, results
@@ -226,6 +236,29 @@ def test_a_finished_run_is_not_overwritten(runs):
     result = run_training(root / "reference", "--epochs", "3", expect_success=False)
     assert result.returncode == 2 and "--resume" in result.stdout
     assert_same_weights(before, final_weights(root / "reference"))
+
+
+def test_each_run_gets_a_folder_of_its_own_and_resume_continues_the_newest(runs):
+    root, results = runs
+    # runs/2026-11-26_09-30-00, then a later second's, or the same second's with -2: newest last.
+    folders = sorted((root / "each").iterdir(), key=lambda folder: (folder.name[:19], len(folder.name), folder.name))
+    named = [folder for folder in folders for name in ("each_first", "each_second") if named_by(results[name], folder)]
+    assert len(folders) == 2 and sorted(named) == sorted(folders), results["each_second"].stdout
+    older = next(results[name].stdout for name in ("each_first", "each_second") if named_by(results[name], folders[0]))
+    assert f"plot         python -m charlm_ddp.kit.plot {folders[0]}\n" in older
+    for key, value in summary(folders[0]).items():  # numbers rounded on screen, whole in summary.json
+        shown = str(value) if not isinstance(value, float) else f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+        assert re.search(rf"^{key} +{re.escape(shown)}$", older, re.M), key
+    # The newest, finished, is tested again: it trains nothing, so it gives no training speed.
+    assert "train_samples_per_s" not in results["each_resumed"].stdout
+    assert named_by(results["each_resumed"], folders[-1])
+    assert results["none_to_resume"].returncode == 2
+    assert "--resume: no folder matching --run-dir" in results["none_to_resume"].stdout
+
+
+def named_by(result, folder) -> bool:
+    """Whether a run's closing lines name this folder as its run folder."""
+    return f"run folder   {folder}  (took " in result.stdout
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_on_resume(runs):

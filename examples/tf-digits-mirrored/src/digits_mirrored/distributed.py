@@ -30,6 +30,10 @@ class Runtime:
         """The chief's decision, shared with every process: here, the decision itself."""
         return decision
 
+    def chief_number(self, number: int) -> int:
+        """The chief's number, shared with every process: here, the number itself."""
+        return number
+
     def any_worker(self, decision: bool) -> bool:
         """Whether any process decided so: here, the decision itself."""
         return decision

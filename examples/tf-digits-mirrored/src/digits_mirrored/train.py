@@ -44,6 +44,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.logs import MetricLogger, ProgressBar
     from .kit.profiling import CallProfiler
     from .kit.rundir import prepare_run_dir
+    from .kit.runs import closing_lines, opening_line
     from .kit.sampling import TrainSplit, distribute_eval, part, rows
     from .kit.stages import (
         Stage,
@@ -96,24 +97,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     """Train, test and write the summary; returns the exit status."""
-    prepare_run_dir(config, runtime)
+    started = time.monotonic()
+    config = prepare_run_dir(config, runtime)
     # The same seed in every run: the same data order and the same initial weights.
     keras.utils.set_random_seed(config.seed)
     with in_your_code("building the datasets"):
         datasets = build_datasets(config)
     trainer = Trainer(config, runtime, three_datasets(datasets))
+    if runtime.is_main:
+        replicas = runtime.strategy.num_replicas_in_sync
+        device = runtime.strategy.extended.worker_devices[0].rsplit("device:", 1)[-1].split(":")[0].lower()
+        where = f"{device}, {replicas} replica{'s' if replicas > 1 else ''}"
+        weights = sum(stage.model.count_params() for stage in trainer.stages)
+        samples = trainer.train_split.size if trainer.train_split.size >= 0 else None
+        shape = (trainer.epochs, trainer.updates_per_epoch, config.global_batch_size)
+        print(opening_line(Path(config.run_dir), where, weights, samples, shape), flush=True)
     if config.resume:
         trainer.resume()
     summary = trainer.fit()
     if summary is None:
         if runtime.is_main:
-            print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
+            again = f"--resume --run-dir {config.run_dir}"
+            print(f"stopped {trainer.stopped}, checkpointed; continue with {again}", flush=True)
         # 128 + the signal (130 for Ctrl-C, 143 for SIGTERM) tells a scheduler the job was stopped, not finished.
         return 128 + (trainer.stop_signal or signal.SIGTERM) if trainer.terminate else 0
     if runtime.is_main:
         (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        width = max(map(len, summary))
-        print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+        took = time.monotonic() - started
+        print("\n".join(closing_lines(summary, Path(config.run_dir), took, __package__)), flush=True)
     # The summary is written either way; a NaN test result still fails the run.
     finite_or_raise(summary, "the final test")
     return 0
@@ -274,7 +285,7 @@ class Trainer:
         first = int(self.position.numpy())
         end = min(self.updates_per_epoch, self.total_updates - epoch * self.updates_per_epoch)
         self.hook("on_epoch_start", self.run, epoch + 1)
-        self.progress.start(epoch + 1, self.epochs, end)
+        self.progress.start(epoch + 1, self.epochs, end, first)
         # Summed over the epoch and since the last check, one row per stage: loss total and weight
         # of applied updates, all weight, skipped updates (TrainStep). A resumed epoch goes on
         # from the totals its checkpoint holds.
@@ -447,8 +458,9 @@ class Trainer:
             f"best_{self.config.monitor}": self.early_stopping.best_value(),
             "tested_checkpoint": tested,
             **self.evaluate("test"),
-            "train_samples_per_s": round(samples_per_second, 1),
         }
+        if samples_per_second:  # a finished run tested again trains nothing
+            summary["train_samples_per_s"] = round(samples_per_second, 1)
         if self.run.stop_reason:
             summary["stop_reason"] = self.run.stop_reason
         self.hook("on_run_end", self.run, summary)

@@ -24,6 +24,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,15 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from .kit.errors import ConfigError, RunError, import_failure, in_your_code, several_models_hint, three_datasets
+from .kit.errors import (
+    ConfigError,
+    RunError,
+    import_failure,
+    in_your_code,
+    report,
+    several_models_hint,
+    three_datasets,
+)
 
 try:  # your files are imported here (settings.py by kit/config.py): a mistake in one is one line, not a traceback
     from . import data, distributed
@@ -49,6 +58,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.models import checkpoint_activations, compile_model, make_autocast, split_models
     from .kit.profiling import UpdateProfiler
     from .kit.rundir import prepare_data, prepare_run_dir
+    from .kit.runs import closing_lines, opening_line
     from .kit.stages import (
         build_stages,
         check_all_used,
@@ -69,7 +79,8 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
 except Exception as error:
     if (problem := import_failure(error)) is None:
         raise
-    sys.exit(f"error: {problem}")
+    report(f"error: {problem}")
+    sys.exit(1)
 
 # The signals that stop a run, as people name them.
 SIGNALS: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -85,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         exit_code = run(config, distributed.setup(config))
     except RunError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report(f"error: {error}", every_rank=error.on_every_rank)
         # An error raised alike on every rank lets all of them leave together; one raised on this rank
         # alone (a bad batch) must not wait for the others, which would hang in their next collective.
         distributed.teardown(wait_for_others=error.on_every_rank)
         return error.exit_code
     except KeyboardInterrupt:  # Ctrl-C before training started, a second one during it, or one while testing
-        print("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume", file=sys.stderr)
+        report("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume")
         distributed.teardown(wait_for_others=False)
         return 130
     except BaseException as error:
@@ -99,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         distributed.teardown(wait_for_others=False)
         reason = distributed.explain_failure(error)
         if reason is not None:
-            print(f"error: {reason}", file=sys.stderr)
+            report(f"error: {reason}", every_rank=False)
             return 1
         raise
     distributed.teardown(wait_for_others=True)
@@ -108,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     """Train, test and write the summary; returns the exit status."""
-    resume = prepare_run_dir(config, runtime)
+    started = time.monotonic()
+    config, resume = prepare_run_dir(config, runtime)
     prepare_data(getattr(data, "prepare_data", None), config, runtime)
     # The same seed on every rank: identical data and identical initial weights everywhere.
     seed_everything(config.seed)
@@ -116,7 +128,14 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
         built = build_model(config)
     with in_your_code("building the datasets"):
         datasets = build_datasets(config)
-    trainer = Trainer(config, runtime, built, three_datasets(datasets))
+    train_set, val_set, test_set = three_datasets(datasets)
+    trainer = Trainer(config, runtime, built, (train_set, val_set, test_set))
+    if runtime.is_main:
+        where = runtime.device.type + (f", {runtime.world_size} ranks" if runtime.world_size > 1 else "")
+        weights = sum(weight.numel() for weight in trainer.trained.parameters())
+        samples = len(train_set) if isinstance(train_set, Sized) else None
+        shape = (trainer.epochs, trainer.updates_per_epoch, config.global_batch_size)
+        print(opening_line(Path(config.run_dir), where, weights, samples, shape), flush=True)
     if resume:
         trainer.resume()
     else:
@@ -126,13 +145,14 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     trainer.checkpointer.finish()  # the last checkpoint may still be being written (--async-checkpoints)
     if summary is None:
         if runtime.is_main:
-            print(f"stopped {trainer.stopped}, checkpointed; continue with --resume", flush=True)
+            again = f"--resume --run-dir {config.run_dir}"
+            print(f"stopped {trainer.stopped}, checkpointed; continue with {again}", flush=True)
         # 128 + the signal (130 for Ctrl-C, 143 for SIGTERM) tells a scheduler the job was stopped, not finished.
         return 128 + trainer.stop_signal if trainer.stop_signal else 0
     if runtime.is_main:
         (Path(config.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        width = max(map(len, summary))
-        print("\n".join(f"{name:<{width}}  {value}" for name, value in summary.items()), flush=True)
+        took = time.monotonic() - started
+        print("\n".join(closing_lines(summary, Path(config.run_dir), took, __package__)), flush=True)
     # The summary is written either way; a NaN test result still fails the run (on every rank alike).
     finite_or_raise(summary, "the final test")
     return 0
@@ -269,7 +289,7 @@ class Trainer:
         # A new shuffle every epoch, the same on every rank; a resumed epoch starts where it stopped.
         batches = self.loaders.start_epoch(epoch, first)
         self.hook("on_epoch_start", self.run, epoch + 1)
-        self.progress.start(epoch + 1, self.epochs, end)
+        self.progress.start(epoch + 1, self.epochs, end, first)
         zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
         running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros.clone(), "skipped": 0}
         epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
@@ -410,7 +430,8 @@ class Trainer:
         record: dict[str, Any] = {"epoch": epoch + 1, "step": self.step}
         sums, losses = self.check_window(window, epoch)
         record.update(losses)
-        self.progress.update(done, done * self.config.global_batch_size, next(iter(losses.values())))
+        trained = (done - self.position) * self.config.global_batch_size  # since this epoch (re)started
+        self.progress.update(done, trained, next(iter(losses.values())))
         record.update(lr=self.stages[0].scheduler.get_last_lr()[0], **grad_norms(self.stages))
         record.update(self.throughput.figures(samples, sums[0][1], self.per))
         if validate:
@@ -514,8 +535,9 @@ class Trainer:
             f"best_{self.config.monitor}": self.early_stopping.best,
             "tested_checkpoint": tested,
             **self.evaluate("test"),
-            "train_samples_per_s": round(samples_per_second, 1),
         }
+        if samples_per_second:  # a finished run tested again trains nothing
+            summary["train_samples_per_s"] = round(samples_per_second, 1)
         if self.run.stop_reason:
             summary["stop_reason"] = self.run.stop_reason
         self.hook("on_run_end", self.run, summary)

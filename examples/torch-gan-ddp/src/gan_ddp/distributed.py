@@ -178,6 +178,13 @@ def agree(decision: bool) -> bool:
     return bool(flag.item())
 
 
+def rank0_number(number: int) -> int:
+    """Rank 0's number (the run folder it chose, say), sent to every rank; every rank must call this."""
+    value = torch.tensor([number], dtype=torch.int64, device=_collective_device())
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
 def any_rank(*decisions: bool) -> list[bool]:
     """For each decision, whether any rank took it (a signal one rank received, say), known to every
     rank alike: one all-reduce for all of them."""

@@ -26,7 +26,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
     given on the command line wins. A mistake is one line naming its flag, or its file and key.
     """
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=f"python -m {__name__.rsplit('.', 2)[0]}.train",  # this project's package: PKG.kit.config's PKG
         usage="%(prog)s [flags]",
         description="Train the model. Every flag is also a key of a --config file; yours (settings.py) come first.",
@@ -66,6 +66,20 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     except ConfigError as error:
         parser.exit(2, f"error: {error}\n")
     return config
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, with a mistake reported once under torchrun (by rank 0, and to torchrun's error file)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if os.environ.get("RANK", "0") == "0":
+            self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> typing.NoReturn:
+        if message:
+            report(message) if status else print(message, end="")
+        sys.exit(status)
 
 
 class ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):

@@ -7,13 +7,15 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..settings import DEFAULTS, Settings
+from . import runs
 from .config_file import read_config_file
-from .errors import ConfigError
+from .errors import ConfigError, report
 from .trackers import missing_package
 
 
@@ -86,9 +88,16 @@ class TrainConfig(Settings):
     )
     seed: int = field(default=0, metadata={"help": "Seed for weights and shuffling."})
     run_dir: str = field(
-        default="runs", metadata={"help": "Directory for the config, metrics, checkpoints and summary."}
+        default="runs/{start}",
+        metadata={
+            "help": "Folder for the config, metrics, checkpoints and summary; {start} becomes the time the run "
+            "started (runs/2026-11-26_09-30-00), a folder for each run. Without {start}, one fixed folder."
+        },
     )
-    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint in --run-dir."})
+    resume: bool = field(
+        default=False,
+        metadata={"help": "Continue from the latest checkpoint in --run-dir (with {start}: in the newest run)."},
+    )
     stop_after_epoch: int = field(
         default=0,
         metadata={"help": "Stop after this epoch, e.g. to fit a job time limit; --resume later continues. 0: run all."},
@@ -181,6 +190,8 @@ class TrainConfig(Settings):
                 raise ConfigError(f"{where[name]} must not be negative, got {getattr(self, name)}")
         if not self.run_dir.strip():
             raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
+        if problem := runs.pattern_problem(self.run_dir):
+            raise ConfigError(f"{where['run_dir']} {problem}, got {self.run_dir!r}")
         if problem := missing_package(self.tracker):
             raise ConfigError(problem)
         if not 0 <= self.ema_decay < 1:
@@ -242,7 +253,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     settings.py's DEFAULTS replace the template's defaults, a --config file replaces those, and a flag
     given on the command line wins. A mistake is one line naming its flag, or its file and key.
     """
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=f"python -m {__name__.rsplit('.', 2)[0]}.train",  # this project's package: PKG.kit.config's PKG
         usage="%(prog)s [flags]",
         description="Train the model. Every flag is also a key of a --config file; yours (settings.py) come first.",
@@ -282,6 +293,20 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     except ConfigError as error:
         parser.exit(2, f"error: {error}\n")
     return config
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, with a mistake reported once under torchrun (by rank 0, and to torchrun's error file)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if os.environ.get("RANK", "0") == "0":
+            self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> typing.NoReturn:
+        if message:
+            report(message) if status else print(message, end="")
+        sys.exit(status)
 
 
 class ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):

@@ -5,7 +5,11 @@ to change.
 """
 
 import contextlib
+import json
+import os
 import re
+import sys
+import time
 import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -110,6 +114,18 @@ def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
         if hint and problem is not error and re.search(r"\bdict\b", str(problem)):
             problem = type(problem)(f"{problem}; {hint}")
         raise problem from None
+
+
+def report(message: str, every_rank: bool = True) -> None:
+    """Print the line that ends a failed run, once: from rank 0 when every rank stops alike, from the
+    rank it happened on otherwise. Under torchrun it also goes into the rank's error file, which
+    torchrun's closing summary quotes as the root cause (instead of `error_file: <N/A>`)."""
+    line = message.strip().splitlines()[-1] if message.strip() else message
+    if not every_rank or os.environ.get("RANK", "0") == "0":
+        print(message.rstrip("\n"), file=sys.stderr, flush=True)
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 def import_failure(error: Exception) -> str | None:

@@ -8,17 +8,21 @@ from pathlib import Path
 
 from .. import distributed
 from ..distributed import Runtime
+from . import runs
 from .checkpoint import checkpoints_in
 from .config import TrainConfig
 from .errors import ConfigError, DataError, user_code_error
 
 
-def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> bool:
-    """Create the run directory and save the config there; return whether to resume from it."""
-    run_dir = Path(config.run_dir)
-    has_run = bool(checkpoints_in(run_dir / "checkpoints"))
+def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> tuple[TrainConfig, bool]:
+    """Choose and create the run directory and save the config there; return the config naming that
+    directory, and whether to resume from it."""
     # After a failure, torchrun --max-restarts starts every rank again: continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if runs.START in config.run_dir:
+        config = dataclasses.replace(config, run_dir=str(_choose_folder(config, runtime, restarted)))
+    run_dir = Path(config.run_dir)
+    has_run = _holds_run(run_dir)
     resume = config.resume or (restarted and has_run)
     if has_run and not resume:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
@@ -34,7 +38,34 @@ def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> bool:
     # Only rank 0 writes, but every rank must learn whether that worked, or they would wait for it forever.
     if distributed.agree(bool(problem)):
         raise ConfigError(problem or f"rank 0 cannot write to --run-dir {run_dir}; choose a folder it can write to")
-    return resume
+    return config, resume
+
+
+def _choose_folder(config: TrainConfig, runtime: Runtime, restarted: bool) -> Path:
+    """The folder `{start}` names: with --resume (or after a restart) the newest that holds a run, else a
+    new one. Rank 0 chooses, from what it sees on disk; every rank gets its choice."""
+    code, problem = 0, ""
+    if runtime.is_main:
+        if config.resume or restarted:
+            code = runs.newest(config.run_dir, _holds_run)
+        if not code and not config.resume:
+            try:
+                code = runs.claim_new(config.run_dir)
+            except OSError as error:
+                where, reason = config.run_dir, error.strerror or error
+                problem = f"cannot create a folder for --run-dir {where} ({reason}); choose one you can write to"
+    code = distributed.rank0_number(-1 if problem else code)
+    if code == -1:
+        raise ConfigError(problem or f"rank 0 cannot create a folder for --run-dir {config.run_dir}; see its line")
+    if code == 0:
+        raise ConfigError(
+            f"--resume: no folder matching --run-dir {config.run_dir} holds a checkpoint; drop --resume to start a run"
+        )
+    return runs.folder_of(config.run_dir, code)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return bool(checkpoints_in(run_dir / "checkpoints"))
 
 
 def prepare_data(prepare: Callable[[TrainConfig], object] | None, config: TrainConfig, runtime: Runtime) -> None:
