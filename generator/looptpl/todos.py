@@ -46,10 +46,9 @@ def _continuation(lines: list[str], number: int, first: str) -> list[str]:
     indent = first[: len(first) - len(first.lstrip())]
     carried = []
     for line in lines[number:]:
-        body = line.removeprefix(indent)
-        if body == line and indent or not body.startswith("# ") or TODO.search(line):
+        if not line.startswith(indent + "# ") or TODO.search(line):
             break
-        carried.append(body[2:].strip())
+        carried.append(line[len(indent) + 2 :].strip())
     return carried
 
 
