@@ -123,10 +123,10 @@ COVERED = (
         "the project's tests log a run and its resumption to W&B offline, as the engine does",
     ),
     Covered(
-        r"pip install( -U)? looptpl",
+        r"pip install( -U)? (\./looptpl|looptpl)",
         UPDATE_TESTS,
         ("def test_installed_wheel_upgrade_then_update", '"install"'),
-        "needs a package index; the test pip-installs looptpl wheels into a fresh virtual environment",
+        "a clone or a wheel, not an index: the test pip-installs looptpl wheels into a fresh virtual environment",
     ),
     Covered(
         r"pytest",

@@ -100,7 +100,10 @@ def complete_example(incomplete: str) -> list[tuple[str, str]]:
 def new(
     destination: Annotated[
         str | None,
-        typer.Argument(help="Folder to create the project in; it must not exist or be empty.", show_default=False),
+        typer.Argument(
+            help="Folder to create the project in; it must not exist or be empty. Asked for in a terminal.",
+            show_default=False,
+        ),
     ] = None,
     backend: Annotated[
         str | None,
@@ -165,6 +168,10 @@ def new(
     from looptpl.render import RenderRequest, render_project
     from looptpl.validation import nearest_existing_parent, resolve_destination
 
+    if destination is None and sys.stdin.isatty() and not defaults:
+        from looptpl.questions import ask_destination
+
+        destination = ask_destination()
     if destination is None:
         raise LooptplError("looptpl new needs DEST, the folder to create the project in: looptpl new myproj")
     # Resolved once, before any question (nobody wants to answer and then hear "not empty"); all writes go below it.

@@ -173,11 +173,16 @@ def _ask(question: str, default: str | None, problem: Callable[[str], str | None
 
 
 def _one_of(choices: Sequence[str]) -> Callable[[str], str | None]:
-    return lambda value: None if value in choices else f"choose one of: {', '.join(choices)}"
+    return lambda value: None if value.lower() in choices else f"choose one of: {', '.join(choices)}"
+
+
+def ask_destination() -> str:
+    """DEST, asked for in a terminal when `looptpl new` was given none."""
+    return _ask("Folder for the project", None, lambda value: None if value else "name a folder, e.g. myproj")
 
 
 def _ask_backend() -> str:
-    return _ask(f"Backend ({', '.join(BACKENDS)})", BACKENDS[0], _one_of(BACKENDS))
+    return _ask(f"Backend ({', '.join(BACKENDS)})", BACKENDS[0], _one_of(BACKENDS)).lower()
 
 
 def _ask_strategy(backend: str) -> str:
@@ -187,7 +192,7 @@ def _ask_strategy(backend: str) -> str:
     for variant in choices:
         typer.echo(f"  {variant.strategy:<{width}}  {variant.when}")
     names = [variant.strategy for variant in choices]
-    return _ask(f"Strategy ({', '.join(names)})", names[0], _one_of(names))
+    return _ask(f"Strategy ({', '.join(names)})", names[0], _one_of(names)).lower()
 
 
 def _ask_project_name(destination: Path, package_given: bool) -> str:

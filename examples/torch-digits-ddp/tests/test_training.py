@@ -241,7 +241,9 @@ def test_a_finished_run_is_not_overwritten(runs):
 def test_each_run_gets_a_folder_of_its_own_and_resume_continues_the_newest(runs):
     root, results = runs
     # runs/2026-11-26_09-30-00, then a later second's, or the same second's with -2: newest last.
-    folders = sorted((root / "each").iterdir(), key=lambda folder: (folder.name[:19], len(folder.name), folder.name))
+    runs_made = [path for path in (root / "each").iterdir() if path.is_dir() and not path.is_symlink()]
+    folders = sorted(runs_made, key=lambda folder: (folder.name[:19], len(folder.name), folder.name))
+    assert (root / "each" / "latest").is_symlink() and (root / "each" / "latest").resolve() in folders
     named = [folder for folder in folders for name in ("each_first", "each_second") if named_by(results[name], folder)]
     assert len(folders) == 2 and sorted(named) == sorted(folders), results["each_second"].stdout
     older = next(results[name].stdout for name in ("each_first", "each_second") if named_by(results[name], folders[0]))

@@ -1,14 +1,15 @@
 """A folder per run: `{start}` in --run-dir becomes the time the run started. Managed by the looptpl template.
 
 `--run-dir runs/{start}` (the default) gives every run a folder of its own, runs/2026-11-26_09-30-00
-(runs/2026-11-26_09-30-00-2 for a second run started in the same second), and `--resume` continues
-the newest of them that holds a checkpoint. A --run-dir without `{start}` is one fixed folder.
+(runs/2026-11-26_09-30-00-2 for a second run started in the same second), links runs/latest to the
+newest, and `--resume` continues the newest of them that holds a checkpoint. A --run-dir without `{start}` is one fixed folder.
 
 Every rank must name the same folder, so rank 0 chooses it and sends the others a number (`code`):
 the start time's digits, YYYYMMDDhhmmss, times 100, plus the run's number within that second.
 """
 
 import glob
+import os
 import re
 import time
 from collections.abc import Callable
@@ -55,8 +56,21 @@ def claim_new(pattern: str) -> int:
             folder.mkdir(parents=True)
         except FileExistsError:
             continue
+        if pattern.endswith(START):
+            _link_latest(folder)
         return stamp * 100 + number
     raise FileExistsError(f"{folder_of(pattern, stamp * 100 + 1)}: 99 runs started in this second already")
+
+
+def _link_latest(folder: Path) -> None:
+    """Point `latest` beside the run folders at this one (runs/latest -> 2026-11-26_09-30-00), in one step."""
+    link, spare = folder.parent / "latest", folder.parent / f".latest-{os.getpid()}"
+    try:
+        spare.unlink(missing_ok=True)
+        spare.symlink_to(folder.name, target_is_directory=True)
+        os.replace(spare, link)  # a run directory named `latest` is a folder, not a link: left alone
+    except OSError:
+        spare.unlink(missing_ok=True)  # no symbolic links on this file system: the run goes on without one
 
 
 def opening_line(run_dir: Path, where: str, weights: int, samples: int | None, shape: tuple[int, int, int]) -> str:
