@@ -227,6 +227,31 @@ def test_a_first_run_prints_no_warning(projects, tmp_path):
     assert '"numpy"' in (projects["single"] / "pyproject.toml").read_text()
 
 
+def test_a_run_in_a_terminal_says_where_it_trains_how_far_it_is_and_where_its_results_are(projects, tmp_path):
+    """The README's first run, twice, on a person's screen (a pseudo-terminal): each run gets a folder of its own."""
+    import pexpect
+
+    project = shutil.copytree(projects["single"], tmp_path / "single")  # runs/ is made in the folder of the command
+    environment = {**os.environ, "PYTHONPATH": str(project / "src"), "COLUMNS": "100"}
+    command = ["-m", "single.train", "--device", "cpu", "--epochs", "2", "--log-every", "4"]
+    folders = []
+    for _ in range(2):  # the same command again: a new run beside the first, not "already holds a run"
+        child = pexpect.spawn(sys.executable, command, cwd=project, env=environment, encoding="utf-8", timeout=120)
+        stamp = r"runs/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d(-\d+)?"
+        child.expect(rf"run ({stamp}): cpu, [\d.]+k weights, [\d,]+ training samples; 2 epochs of \d+ updates of 64")
+        folder = child.match.group(1)
+        # The bar: how far, the loss, the speed, time spent and left; it clears what a longer line left.
+        child.expect(r"epoch 1/2 \[[#.]{24}\] \d+/\d+  loss \d\.\d{4}  [\d,]+ samples/s  \d+:\d\d left \d+:\d\d\x1b\[K")
+        child.expect(rf"run folder   {re.escape(folder)}  \(took [^)]+\)")
+        child.expect(rf"plot         python -m single\.kit\.plot {re.escape(folder)}")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, child.before
+        folders.append(folder)
+    assert folders[0] != folders[1] and all((project / folder / "summary.json").is_file() for folder in folders)
+    assert (project / "runs" / "latest").resolve() == (project / folders[1]).resolve()
+
+
 def test_rendering_is_deterministic(tmp_path):
     for copy in ("first", "second"):
         result = looptpl("new", str(tmp_path / copy / "proj"), "--strategy", "ddp", "--backend", "torch", "--no-git")

@@ -253,6 +253,15 @@ CONFIG_FILE_MISTAKES = {
 }
 
 
+def test_the_projects_own_config_file_is_one_the_loop_reads():
+    # README.md's `--config configs/base.toml`: it exists, and as generated changes nothing.
+    from conftest import PROJECT_ROOT
+
+    path = PROJECT_ROOT / "configs" / "base.toml"
+    assert path.is_file() and "--config configs/base.toml" in (PROJECT_ROOT / "README.md").read_text()
+    assert {**vars(parse_config(["--config", str(path)])), "config": ""} == vars(parse_config([]))
+
+
 def test_a_config_file_sets_flags_and_the_command_line_wins(tmp_path):
     path = tmp_path / "base.toml"
     path.write_text('epochs = 7\nglobal-batch-size = 32\nlr = 1\nprecision = "bf16"\nprogress = false\n')

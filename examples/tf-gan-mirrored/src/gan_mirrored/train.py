@@ -38,7 +38,6 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.checkpoint import Checkpointer, ConfigState, HooksState
     from .kit.collect import Mean, run_updates_in_a_loop
     from .kit.config import TrainConfig, check_resumable, parse_config
-    from .kit.ema import WeightAverage
     from .kit.errors import StepError, TrainingError
     from .kit.evaluation import Evaluator, finite_or_raise
     from .kit.logs import MetricLogger, ProgressBar
@@ -194,8 +193,8 @@ class Trainer:
         # hooks.py sees what model.py and optim.py built.
         self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_main)
         self.hook = HookCaller(Hooks, config, self.run)
-        ema = WeightAverage([(stage.optimizer, stage.variables) for stage in self.stages]) if config.ema_decay else None
-        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, ema, (eval_step, dataset_metrics))
+        user = (eval_step, dataset_metrics)
+        self.evaluator = Evaluator(self.strategy, self.models, config, eval_sets, self.stages, user, self.progress)
 
     def make_checkpointer(self, optimizers: object) -> Checkpointer:
         """The Checkpointer of everything a resumed run needs (under the strategy's scope)."""

@@ -197,8 +197,9 @@ class Trainer:
         self.ema = WeightAverage(self.trained, config.ema_decay) if config.ema_decay else None
         self.profiler = UpdateProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
         self.per = "sample"  # what one unit of the first optimizer's loss weight is (Mean's `per`)
-        steps = (eval_step, dataset_metrics)
-        self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, runtime.device, self.ema, steps)
+        self.progress = ProgressBar(config.progress and runtime.is_main)
+        user = (eval_step, dataset_metrics)
+        self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, self.ema, user, self.progress)
 
         self.step = 0  # optimizer updates applied so far
         self.epoch = 0  # epochs completed so far
@@ -213,7 +214,6 @@ class Trainer:
         stage_optimizers = [stage.optimizer for stage in self.stages]
         self.checkpointer = Checkpointer(self.run_dir, runtime, config, self.trained, stage_optimizers, self.ema)
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
-        self.progress = ProgressBar(config.progress and runtime.is_main)
         flops = getattr(model_file, "flops_per_sample", None)  # model.py's, for MFU on a GPU
         self.throughput = Throughput(config, runtime.device, runtime.world_size, flops)
         self.checkpointer.check_free_space()

@@ -2,7 +2,8 @@
 
 `--run-dir runs/{start}` (the default) gives every run a folder of its own, runs/2026-11-26_09-30-00
 (runs/2026-11-26_09-30-00-2 for a second run started in the same second), links runs/latest to the
-newest, and `--resume` continues the newest of them that holds a checkpoint. A --run-dir without `{start}` is one fixed folder.
+newest, and `--resume` continues the newest of them that holds a checkpoint. A --run-dir without
+`{start}` is one fixed folder.
 
 Every rank must name the same folder, so rank 0 chooses it and sends the others a number (`code`):
 the start time's digits, YYYYMMDDhhmmss, times 100, plus the run's number within that second.

@@ -18,6 +18,8 @@ from .collect import Mean, check_eval_values
 from .config import TrainConfig
 from .ema import WeightAverage
 from .errors import DataError, StepError, TrainingError, user_code_error
+from .logs import ProgressBar
+from .stages import Stage
 
 SUM = tf.distribute.ReduceOp.SUM
 RESERVED = ("samples", "epoch", "step", "lr")
@@ -34,15 +36,19 @@ class Evaluator:
         models: keras.Model | dict[str, keras.Model],
         config: TrainConfig,
         splits: dict[str, Any],
-        ema: WeightAverage | None,
+        stages: list[Stage],
         user: tuple[Callable[..., Any], Callable[..., Any]],
+        progress: ProgressBar,
     ) -> None:
         self.strategy = strategy
+        self.progress = progress  # on a terminal, the batches evaluated so far
         self.models = models
         self.config = config
         self.eval_step, self.dataset_metrics = user  # step.py's and metrics.py's
         self.splits = splits  # "val" and "test": batches of (sample indices, batch), one for each replica
-        self.ema = ema  # --ema-decay: the average of the weights, evaluated too
+        # --ema-decay: the average of the weights that each stage's optimizer keeps, evaluated too.
+        pairs = [(stage.optimizer, stage.variables) for stage in stages]
+        self.ema = WeightAverage(pairs) if config.ema_decay else None
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
         # Traced once per split, like the train step (train.py's TrainStep).
         self.steps = {
@@ -90,7 +96,7 @@ class Evaluator:
         sums: dict[str, np.ndarray] = {}
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         size = 0
-        for element in self.splits[split]:
+        for element in self.progress.counting("validating" if split == "val" else "testing", self.splits[split]):
             batch_sums, batch_gathered, samples = self.steps[split](element)
             size += int(samples)
             for name, value in batch_sums.items():

@@ -20,6 +20,7 @@ from .config import TrainConfig
 from .ema import WeightAverage
 from .errors import StepError, TrainingError, user_code_error
 from .loaders import Loaders
+from .logs import ProgressBar
 
 RESERVED = ("samples", "epoch", "step", "lr")
 # step.py's eval_step, and metrics.py's dataset_metrics: what the loop hands the Evaluator.
@@ -36,13 +37,14 @@ class Evaluator:
         models: Any,
         config: TrainConfig,
         autocast: Callable[[], contextlib.AbstractContextManager[None]],
-        device: torch.device,
         ema: WeightAverage | None,
         user: tuple[EvalStep, DatasetMetrics],
+        progress: ProgressBar,
     ) -> None:
         self.loaders, self.models, self.config = loaders, models, config
         self.user = user  # step.py's eval_step and metrics.py's dataset_metrics
-        self.autocast, self.device, self.ema = autocast, device, ema
+        self.autocast, self.device, self.ema = autocast, loaders.device, ema
+        self.progress = progress  # on a terminal, the batches evaluated so far
 
     def evaluate(self, split: str) -> dict[str, float]:
         """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
@@ -55,7 +57,8 @@ class Evaluator:
         return results
 
     def _evaluate(self, split: str) -> dict[str, float]:
-        batches = self.loaders.evaluation_batches(split)
+        what = "validating" if split == "val" else "testing"
+        batches = self.progress.counting(what, self.loaders.evaluation_batches(split))
         return evaluate_split(split, batches, self.models, self.config, self.autocast, self.device, self.user)
 
 

@@ -9,10 +9,12 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import TrainConfig
 from .trackers import open_tracker
@@ -89,6 +91,9 @@ class MetricLogger:
             _write_row(table, record, header=new_table)
 
 
+T = TypeVar("T")  # what `counting` passes through
+
+
 class ProgressBar:
     """A one-line progress bar on stderr, drawn only when stderr is a terminal:
     `epoch 2/3 [##########..............] 72/126  loss 0.2773  116 samples/s  0:12 left 0:09`."""
@@ -106,21 +111,38 @@ class ProgressBar:
         """`done` updates of the epoch are done, `samples` of them trained since it (re)started."""
         if not self.enabled:
             return
-        width = 24
-        filled = width * done // max(1, self.total)
         elapsed = max(1e-9, time.perf_counter() - self.started)
         left = elapsed * (self.total - done) / max(1, done - self.first)
         loss_text = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
-        sys.stderr.write(
-            f"\repoch {self.epoch}/{self.epochs} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  "
-            f"loss {loss_text}  {samples / elapsed:,.0f} samples/s  {_clock(elapsed)} left {_clock(left)}\033[K"
-        )  # \033[K clears what a longer line drew before
+        figures = f"{done}/{self.total}  loss {loss_text}  {samples / elapsed:,.0f} samples/s"
+        figures += f"  {_clock(elapsed)} left {_clock(left)}"
+        head = f"epoch {self.epoch}/{self.epochs} "
+        # The bar takes what the terminal has left, up to 24 characters; a line never wraps.
+        columns = shutil.get_terminal_size().columns
+        width = min(24, columns - 1 - len(head) - len(figures) - 3)
+        filled = max(0, width) * done // max(1, self.total)
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] " if width >= 8 else ""
+        sys.stderr.write(f"\r{(head + bar + figures)[: columns - 1]}\033[K")  # \033[K: clear a longer line's rest
         sys.stderr.flush()
 
     def finish(self) -> None:
         if self.enabled:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+
+    def counting(self, what: str, batches: Iterable[T]) -> Iterator[T]:
+        """`batches`, drawing `validating: 12 batches  0:03` as they go by (a few times a second)."""
+        if not self.enabled:
+            yield from batches
+            return
+        started = shown = time.perf_counter()
+        for count, batch in enumerate(batches, 1):
+            yield batch
+            if (now := time.perf_counter()) - shown > 0.2:
+                sys.stderr.write(f"\r{what}: {count} batches  {_clock(now - started)}\033[K")
+                sys.stderr.flush()
+                shown = now
+        self.finish()
 
 
 def _clock(seconds: float) -> str:
