@@ -106,11 +106,16 @@ class ProgressBar:
         """An epoch of `total` updates begins, at update `first` (after a resume part-way through it)."""
         self.epoch, self.epochs, self.total, self.first = epoch, epochs, total, first
         self.started = time.perf_counter()
+        self.shown, self.losses, self.updates = first, 0.0, 0  # for the epoch's running mean of the loss
 
     def update(self, done: int, samples: int, loss: float) -> None:
-        """`done` updates of the epoch are done, `samples` of them trained since it (re)started."""
+        """`done` updates of the epoch are done, `samples` of them trained since it (re)started; `loss`
+        is the mean of the updates since the last call. The bar shows the epoch's running mean."""
         if not self.enabled:
             return
+        if math.isfinite(loss):  # a window of skipped updates (--nan-policy skip) has no loss to add
+            self.losses, self.updates = self.losses + loss * (done - self.shown), self.updates + done - self.shown
+        self.shown, loss = done, self.losses / self.updates if self.updates else loss
         elapsed = max(1e-9, time.perf_counter() - self.started)
         left = elapsed * (self.total - done) / max(1, done - self.first)
         loss_text = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
