@@ -103,7 +103,7 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
     with in_your_code("building the datasets"):
         datasets = build_datasets(config)
     trainer = Trainer(config, runtime, three_datasets(datasets))
-    if runtime.is_main:
+    if runtime.is_main:  # the first line on the screen: where the run trains, and how much
         replicas = runtime.strategy.num_replicas_in_sync
         device = runtime.strategy.extended.worker_devices[0].rsplit("device:", 1)[-1].split(":")[0].lower()
         where = f"{device}, {replicas} replica{'s' if replicas > 1 else ''}"

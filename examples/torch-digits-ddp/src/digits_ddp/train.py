@@ -130,7 +130,7 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
         datasets = build_datasets(config)
     train_set, val_set, test_set = three_datasets(datasets)
     trainer = Trainer(config, runtime, built, (train_set, val_set, test_set))
-    if runtime.is_main:
+    if runtime.is_main:  # the first line on the screen: where the run trains, and how much
         where = runtime.device.type + (f", {runtime.world_size} ranks" if runtime.world_size > 1 else "")
         weights = sum(weight.numel() for weight in trainer.trained.parameters())
         samples = len(train_set) if isinstance(train_set, Sized) else None

@@ -310,8 +310,10 @@ class FlagParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
     def exit(self, status: int = 0, message: str | None = None) -> typing.NoReturn:
-        if message:
-            report(message) if status else print(message, end="")
+        if message and status:
+            report(message)
+        elif message:
+            print(message, end="")
         sys.exit(status)
 
 
