@@ -72,7 +72,7 @@ class FlagParser(argparse.ArgumentParser):
     """argparse, with a mistake reported once under torchrun (by rank 0, and to torchrun's error file)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        if os.environ.get("RANK", "0") == "0":
+        if first_rank():
             self.print_usage(sys.stderr)
         self.exit(2, f"error: {message}\n")
 

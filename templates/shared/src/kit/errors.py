@@ -27,12 +27,17 @@ def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
         raise problem from None
 
 
+def first_rank() -> bool:
+    """Whether this process is rank 0 under torchrun, or runs on its own: the one that speaks for all."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def report(message: str, every_rank: bool = True) -> None:
     """Print the line that ends a failed run, once: from rank 0 when every rank stops alike, from the
     rank it happened on otherwise. Under torchrun it also goes into the rank's error file, which
     torchrun's closing summary quotes as the root cause (instead of `error_file: <N/A>`)."""
     line = message.strip().splitlines()[-1] if message.strip() else message
-    if not every_rank or os.environ.get("RANK", "0") == "0":
+    if not every_rank or first_rank():
         print(message.rstrip("\n"), file=sys.stderr, flush=True)
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with contextlib.suppress(OSError):

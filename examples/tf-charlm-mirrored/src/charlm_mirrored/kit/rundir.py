@@ -16,7 +16,16 @@ def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> TrainConfig:
     """Choose and create the run directory and save the config there (refusing to mix two runs in one
     place); return the config naming that directory."""
     if runs.START in config.run_dir:
-        config = dataclasses.replace(config, run_dir=str(_choose_folder(config, runtime)))
+        folder = runs.choose_folder(
+            config.run_dir,
+            resume=config.resume,
+            restarted=False,  # launch.py restarts the workers with --resume
+            holds_run=holds_run,
+            chooses=runtime.is_main,
+            share=runtime.chief_number,
+            chooser="the chief",
+        )
+        config = dataclasses.replace(config, run_dir=str(folder))
     run_dir = Path(config.run_dir)
     # The chief's view, shared with every process (distributed.py), so all take the same branch.
     has_run = runtime.agree(holds_run(run_dir))
@@ -35,29 +44,6 @@ def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> TrainConfig:
     if runtime.agree(bool(problem)):
         raise ConfigError(problem or f"the chief cannot write to --run-dir {run_dir}; choose a folder it can write to")
     return config
-
-
-def _choose_folder(config: TrainConfig, runtime: Runtime) -> Path:
-    """The folder `{start}` names: with --resume the newest that holds a run, else a new one. The chief
-    chooses, from what it sees on disk; every worker gets its choice."""
-    code, problem = 0, ""
-    if runtime.is_main:
-        if config.resume:
-            code = runs.newest(config.run_dir, holds_run)
-        else:
-            try:
-                code = runs.claim_new(config.run_dir)
-            except OSError as error:
-                where, reason = config.run_dir, error.strerror or error
-                problem = f"cannot create a folder for --run-dir {where} ({reason}); choose one you can write to"
-    code = runtime.chief_number(-1 if problem else code)
-    if code == -1:
-        raise ConfigError(problem or f"the chief cannot create a folder for --run-dir {config.run_dir}; see its line")
-    if code == 0:
-        raise ConfigError(
-            f"--resume: no folder matching --run-dir {config.run_dir} holds a checkpoint; drop --resume to start a run"
-        )
-    return runs.folder_of(config.run_dir, code)
 
 
 def holds_run(run_dir: Path) -> bool:

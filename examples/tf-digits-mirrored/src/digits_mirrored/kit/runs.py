@@ -16,8 +16,43 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .errors import ConfigError
+
 START = "{start}"
 _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
+
+
+def choose_folder(
+    pattern: str,
+    *,
+    resume: bool,
+    restarted: bool,
+    holds_run: Callable[[Path], bool],
+    chooses: bool,
+    share: Callable[[int], int],
+    chooser: str,
+) -> Path:
+    """The folder `{start}` names: with --resume (or after a restart) the newest that holds a run, else
+    a new one. The process that `chooses` (rank 0, the chief) decides from what it sees on disk, and
+    `share` (a collective: every process calls this) gives its choice to all; `chooser` names it."""
+    code, problem = 0, ""
+    if chooses:
+        if resume or restarted:
+            code = newest(pattern, holds_run)
+        if not code and not resume:
+            try:
+                code = claim_new(pattern)
+            except OSError as error:
+                reason = error.strerror or error
+                problem = f"cannot create a folder for --run-dir {pattern} ({reason}); choose one you can write to"
+    code = share(-1 if problem else code)
+    if code == -1:
+        raise ConfigError(problem or f"{chooser} cannot create a folder for --run-dir {pattern}; see its line")
+    if code == 0:
+        raise ConfigError(
+            f"--resume: no folder matching --run-dir {pattern} holds a checkpoint; drop --resume to start a run"
+        )
+    return folder_of(pattern, code)
 
 
 def pattern_problem(run_dir: str) -> str:

@@ -15,7 +15,7 @@ from typing import Literal
 from ..settings import DEFAULTS, Settings
 from . import runs
 from .config_file import read_config_file
-from .errors import ConfigError, report
+from .errors import ConfigError, first_rank, report
 from .trackers import missing_package
 
 
@@ -299,7 +299,7 @@ class FlagParser(argparse.ArgumentParser):
     """argparse, with a mistake reported once under torchrun (by rank 0, and to torchrun's error file)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        if os.environ.get("RANK", "0") == "0":
+        if first_rank():
             self.print_usage(sys.stderr)
         self.exit(2, f"error: {message}\n")
 

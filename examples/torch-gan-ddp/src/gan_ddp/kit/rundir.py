@@ -20,7 +20,16 @@ def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> tuple[TrainConfig,
     # After a failure, torchrun --max-restarts starts every rank again: continue from the last checkpoint.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if runs.START in config.run_dir:
-        config = dataclasses.replace(config, run_dir=str(_choose_folder(config, runtime, restarted)))
+        folder = runs.choose_folder(
+            config.run_dir,
+            resume=config.resume,
+            restarted=restarted,
+            holds_run=_holds_run,
+            chooses=runtime.is_main,
+            share=distributed.rank0_number,
+            chooser="rank 0",
+        )
+        config = dataclasses.replace(config, run_dir=str(folder))
     run_dir = Path(config.run_dir)
     has_run = _holds_run(run_dir)
     resume = config.resume or (restarted and has_run)
@@ -39,29 +48,6 @@ def prepare_run_dir(config: TrainConfig, runtime: Runtime) -> tuple[TrainConfig,
     if distributed.agree(bool(problem)):
         raise ConfigError(problem or f"rank 0 cannot write to --run-dir {run_dir}; choose a folder it can write to")
     return config, resume
-
-
-def _choose_folder(config: TrainConfig, runtime: Runtime, restarted: bool) -> Path:
-    """The folder `{start}` names: with --resume (or after a restart) the newest that holds a run, else a
-    new one. Rank 0 chooses, from what it sees on disk; every rank gets its choice."""
-    code, problem = 0, ""
-    if runtime.is_main:
-        if config.resume or restarted:
-            code = runs.newest(config.run_dir, _holds_run)
-        if not code and not config.resume:
-            try:
-                code = runs.claim_new(config.run_dir)
-            except OSError as error:
-                where, reason = config.run_dir, error.strerror or error
-                problem = f"cannot create a folder for --run-dir {where} ({reason}); choose one you can write to"
-    code = distributed.rank0_number(-1 if problem else code)
-    if code == -1:
-        raise ConfigError(problem or f"rank 0 cannot create a folder for --run-dir {config.run_dir}; see its line")
-    if code == 0:
-        raise ConfigError(
-            f"--resume: no folder matching --run-dir {config.run_dir} holds a checkpoint; drop --resume to start a run"
-        )
-    return runs.folder_of(config.run_dir, code)
 
 
 def _holds_run(run_dir: Path) -> bool:
