@@ -20,6 +20,7 @@ strategy.
 import os
 import re
 import shlex
+import shutil
 import site
 import subprocess
 import sys
@@ -444,13 +445,102 @@ def exercised(tmp_path_factory) -> dict:
 # --- the tests -----------------------------------------------------------------------------------
 
 
-def test_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The user guide as `mkdocs build --strict` writes it: the build's output and the site folder."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[test]' to build the docs")
+    site_dir = tmp_path_factory.mktemp("site")
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO_ROOT / "mkdocs.yml")]
-    result = run([*command, "--site-dir", str(tmp_path / "site")], cwd=REPO_ROOT, timeout=120,
+    result = run([*command, "--site-dir", str(site_dir)], cwd=REPO_ROOT, timeout=120,
                  env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    return result, site_dir
+
+
+def test_site_builds_strictly(built_site):
+    result, site_dir = built_site
     assert result.returncode == 0, result.stdout
-    assert (tmp_path / "site" / "index.html").is_file()
+    assert (site_dir / "index.html").is_file()
+    assert not (site_dir / "hooks").exists(), "the build's hooks are not pages"
+
+
+# What a reader sees on each page, measured by the browser: a word of code in a table broken across
+# lines (a break where neither side is a space), a code block that is cut instead of scrolling or
+# that runs past the screen's edge, a copy button over code text, a page that scrolls sideways.
+LAYOUT_PROBLEMS = """() => {
+  const problems = [];
+  const width = document.documentElement.clientWidth;
+  if (document.documentElement.scrollWidth > width + 1) problems.push("the page scrolls sideways");
+  for (const code of document.querySelectorAll(".md-typeset table code")) {
+    if (code.getClientRects().length < 2) continue;
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    let lineTop = null, before = " ";
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (let i = 0; i < node.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const box = range.getClientRects()[0];
+        const char = node.data[i];
+        if (box && lineTop !== null && box.top > lineTop + 2 && char !== " " && before !== " ")
+          problems.push(`table code broken mid-word: ${code.textContent}`);
+        if (box) lineTop = box.top;
+        before = char;
+      }
+    }
+  }
+  for (const pre of document.querySelectorAll(".md-typeset pre")) {
+    const code = pre.querySelector("code");
+    const style = getComputedStyle(code);
+    const start = code.textContent.slice(0, 40);
+    if (code.scrollWidth > code.clientWidth + 1 && !["auto", "scroll"].includes(style.overflowX))
+      problems.push(`code block cut at its edge: ${start}`);
+    if (pre.getBoundingClientRect().right > width + 1) problems.push(`code block past the screen: ${start}`);
+    const button = pre.querySelector(".md-code__nav, .md-clipboard");
+    if (!button) continue;
+    const icon = button.getBoundingClientRect();
+    const box = code.getBoundingClientRect();
+    const range = document.createRange();
+    range.selectNodeContents(code);
+    for (const line of range.getClientRects()) {
+      const right = Math.min(line.right, box.right - parseFloat(style.paddingRight));
+      const across = right > icon.left && line.left < icon.right;
+      if (line.width > 0 && across && line.bottom > icon.top && line.top < icon.bottom) {
+        problems.push(`copy button over the code: ${start}`);
+        break;
+      }
+    }
+  }
+  return problems;
+}"""
+# Chromium without the services it would call home to (this machine's network is closed).
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+def test_every_page_reads_on_a_phone_and_a_desktop(built_site):
+    """Each page in Chromium, 375 and 1280 pixels wide: no problem of LAYOUT_PROBLEMS on any."""
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine: apt-get install chromium (.ci/run installs it)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
+    result, site_dir = built_site
+    assert result.returncode == 0, result.stdout
+    pages = sorted(site_dir.glob("**/index.html"))
+    assert len(pages) == len(list(DOCS.glob("*.md")))
+    problems = []
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=browser_path, args=CHROMIUM_FLAGS)
+        for width in (375, 1280):
+            page = browser.new_page(viewport={"width": width, "height": 800})
+            for html in pages:
+                page.goto(html.as_uri())
+                if page.locator("pre").count():  # the copy buttons are added by the theme's script
+                    page.wait_for_selector(".md-code__nav, .md-clipboard", state="attached", timeout=10_000)
+                name = html.parent.relative_to(site_dir).as_posix()
+                problems += [f"{name} at {width} px: {problem}" for problem in page.evaluate(LAYOUT_PROBLEMS)]
+            page.close()
+        browser.close()
+    assert not problems, "\n".join(problems[:20])
 
 
 def test_commands_are_in_bash_blocks():
