@@ -27,7 +27,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .kit.errors import ConfigError, RunError, first_line, import_failure, in_your_code, three_datasets
+from .kit.errors import ConfigError, RunError, first_line, import_failure, in_your_code, report, three_datasets
 
 try:  # your files are imported here (settings.py by kit/config.py): a mistake in one is one line, not a traceback
     from . import distributed
@@ -65,7 +65,8 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
 except Exception as error:
     if (problem := import_failure(error)) is None:
         raise
-    sys.exit(f"error: {problem}")
+    report(f"error: {problem}")
+    sys.exit(1)
 
 # The signals that stop a run, as people name them.
 SIGNALS: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -78,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         # before any other TensorFlow op runs.
         return run(config, distributed.setup(config))
     except RunError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report(f"error: {error}", every_rank=error.on_every_rank)
         return error.exit_code
     except KeyboardInterrupt:  # Ctrl-C before training started, a second one during it, or one while testing
-        print("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume", file=sys.stderr)
+        report("error: stopped by Ctrl-C; a run that wrote a checkpoint continues with --resume")
         return 130
     except tf.errors.InvalidArgumentError as error:
         # A value the compiled step refused as it ran (a label out of range, a sample of another

@@ -20,6 +20,9 @@ class RunError(Exception):
     """A run that cannot start or go on."""
 
     exit_code = 1
+    # Raised alike on every worker (from values all of them reduced, or code all of them traced): one
+    # of them prints it (errors.report) and all leave together.
+    on_every_rank = True
 
     def __str__(self) -> str:
         # Raised while TensorFlow traced a step, the error comes back re-made by AutoGraph, its
@@ -39,9 +42,13 @@ class ConfigError(RunError):
 class TrackerError(ConfigError):
     """A --tracker that cannot start, or its tracker.json: raised where it logs, by the chief alone."""
 
+    on_every_rank = False
+
 
 class DataError(RunError):
     """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
+
+    on_every_rank = False  # a worker's own part of the data, say
 
 
 class TrainingError(RunError):
@@ -50,6 +57,8 @@ class TrainingError(RunError):
 
 class CheckpointError(RunError):
     """No usable checkpoint where one was expected."""
+
+    on_every_rank = False  # workers on several machines may each see other files
 
 
 def first_line(error: Exception) -> str:
@@ -62,6 +71,8 @@ def first_line(error: Exception) -> str:
 
 class StepError(DataError):
     """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
+
+    on_every_rank = True  # every worker traces the same step
 
 
 USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py")
@@ -117,7 +128,8 @@ def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
 
 
 def first_rank() -> bool:
-    """Whether this process is rank 0 under torchrun, or runs on its own: the one that speaks for all."""
+    """Whether this process speaks for all: rank 0 under torchrun (or worker 0 of TensorFlow's
+    kit/launch.py, which numbers its workers alike), or a process on its own."""
     return os.environ.get("RANK", "0") == "0"
 
 

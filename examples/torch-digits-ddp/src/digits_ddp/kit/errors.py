@@ -131,7 +131,8 @@ def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
 
 
 def first_rank() -> bool:
-    """Whether this process is rank 0 under torchrun, or runs on its own: the one that speaks for all."""
+    """Whether this process speaks for all: rank 0 under torchrun (or worker 0 of TensorFlow's
+    kit/launch.py, which numbers its workers alike), or a process on its own."""
     return os.environ.get("RANK", "0") == "0"
 
 
