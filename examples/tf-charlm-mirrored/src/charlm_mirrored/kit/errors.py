@@ -58,8 +58,6 @@ class TrainingError(RunError):
 class CheckpointError(RunError):
     """No usable checkpoint where one was expected."""
 
-    on_every_rank = False  # workers on several machines may each see other files
-
 
 def first_line(error: Exception) -> str:
     """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
