@@ -129,6 +129,8 @@ def test_config_rejects_out_of_range_values():
         (("--max-grad-norm", "inf"), "argument --max-grad-norm: invalid finite float value: 'inf'"),
         (("--seed", "1e23"), "argument --seed: invalid int value: '1e23'"),
         (("--seed", "-1"), "--seed must be between 0 and 2147483647, got -1"),
+        (("--lr", "1e-3", "--min-lr", "0.01"), "--min-lr 0.01 is above --lr 0.001: the schedule decays from --lr"),
+        (("--min-lr", "1e-4", "--schedule", "constant"), "--min-lr is where the cosine schedule ends; --schedule"),
     ],
 )
 def test_bad_flag_values_are_one_line(flags, message, capsys):

@@ -5,6 +5,7 @@ strategy's own test file: test_one_device.py, or test_distributed.py on two repl
 """
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -102,3 +103,20 @@ def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one
     run_training(tmp_path, *flags, "--resume")
     assert_same_weights(final_weights(reference), final_weights(tmp_path))
     assert metrics(reference) == metrics(tmp_path)
+
+
+def test_the_schedule_warms_up_then_decays_to_min_lr_and_an_optim_py_that_drops_it_is_refused():
+    from gan_mirrored.kit.errors import DataError
+    from gan_mirrored.kit.schedules import WarmupSchedule, check_floor
+    from gan_mirrored.optim import build_schedule
+
+    config = TrainConfig(lr=1e-3, warmup_steps=2, min_lr=1e-4)
+    schedule = build_schedule(config, 10)
+    rates = [float(schedule(step)) for step in range(11)]
+    assert rates[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # warmup, then the peak
+    assert all(later < earlier for earlier, later in itertools.pairwise(rates[2:]))
+    assert rates[10] == pytest.approx(1e-4)  # after the last update: the floor
+    check_floor(schedule, config.min_lr)
+    # An optim.py written before --min-lr existed builds the schedule without it: refused, not ignored.
+    with pytest.raises(DataError, match=r"ends at min_lr=0.0, but --min-lr is 0.0001: pass min_lr=config.min_lr"):
+        check_floor(WarmupSchedule(1e-3, "cosine", 2, 10), config.min_lr)

@@ -47,6 +47,8 @@ BAD_FLAGS = {
     ("--weight-decay", "inf"): "argument --weight-decay: invalid finite float value: 'inf'",
     ("--seed", "1e23"): "argument --seed: invalid int value: '1e23'",
     ("--seed", "-1"): "--seed must be between 0 and 2**63 - 1, got -1",
+    ("--lr", "1e-3", "--min-lr", "0.01"): "--min-lr 0.01 is above --lr 0.001: the schedule decays from --lr down",
+    ("--min-lr", "1e-4", "--schedule", "constant"): "--min-lr is where the cosine schedule ends; --schedule constant",
 }
 
 # name: (file, old, new, message): an edit of a user file that the run refuses with the message (a

@@ -5,6 +5,7 @@ most in the `runs` fixture, which the tests then check one by one.
 """
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -48,7 +49,8 @@ def runs(tmp_path_factory):
     skipping = ("--nan-policy", "skip", "--max-consecutive-skips", "3")
     # The train set does not divide by 64, so the short last batch is split over micro-steps too.
     # --train-in-eval-mode: dropout would draw different masks for differently split batches.
-    max_steps, cosine = str(updates_per_epoch() + 4), ("--schedule", "cosine", "--warmup-steps", "5")
+    max_steps = str(updates_per_epoch() + 4)
+    cosine = ("--schedule", "cosine", "--warmup-steps", "5", "--min-lr", "1e-4")
     big_batch = ("--epochs", "2", "--global-batch-size", "64", "--train-in-eval-mode")
     started = {
         "reference": start_training(root / "reference", "--epochs", "3"),
@@ -154,7 +156,33 @@ def test_max_steps_ends_part_way_through_an_epoch(runs):
     records = metrics(root / "max_steps")
     per_epoch = updates_per_epoch()
     assert [(record["epoch"], record["step"]) for record in records] == [(1, per_epoch), (2, per_epoch + 4)]
-    assert records[-1]["lr"] == 0.0  # the cosine schedule ran over the --max-steps updates, not 2 whole epochs
+    # The cosine schedule ran over the --max-steps updates, not 2 whole epochs, down to --min-lr.
+    assert records[-1]["lr"] == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_the_schedule_warms_up_then_decays_to_min_lr_and_an_optim_py_that_drops_it_is_refused():
+    from torch import nn
+
+    from gan_ddp.kit.config import TrainConfig
+    from gan_ddp.kit.errors import DataError
+    from gan_ddp.kit.schedules import check_floor, warmup_schedule
+    from gan_ddp.optim import build_optimizer, build_scheduler
+
+    config = TrainConfig(lr=1e-3, warmup_steps=2, min_lr=1e-4)
+    optimizer = build_optimizer(nn.Linear(2, 2), config)
+    schedule = build_scheduler(optimizer, config, 10)
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # warmup, then the peak
+    assert all(later < earlier for earlier, later in itertools.pairwise(rates[2:]))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)  # after the last update: the floor
+    check_floor(schedule, config.min_lr)
+    # An optim.py written before --min-lr existed builds the schedule without it: refused, not ignored.
+    with pytest.raises(DataError, match=r"ends at min_lr=0.0, but --min-lr is 0.0001: pass min_lr=config.min_lr"):
+        check_floor(warmup_schedule(optimizer, "cosine", 2, 10), config.min_lr)
 
 
 def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):

@@ -45,6 +45,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.rundir import prepare_run_dir
     from .kit.runs import closing_lines, opening_line
     from .kit.sampling import TrainSplit, distribute_eval, part, rows
+    from .kit.schedules import check_floor
     from .kit.stages import (
         Stage,
         build_stages,
@@ -166,6 +167,7 @@ class Trainer:
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             with in_your_code("building the schedule"):
                 schedule = build_schedule(config, self.total_updates)
+            check_floor(schedule, config.min_lr)  # an optim.py from before --min-lr does not pass it on
             # One stage per optimizer, each updating the model of the same name (kit/stages.py).
             with in_your_code("building the optimizer"):
                 self.stages = build_stages(build_optimizer(config, schedule), trained, config)

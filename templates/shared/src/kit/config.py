@@ -1,5 +1,6 @@
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
-FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

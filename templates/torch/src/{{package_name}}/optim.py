@@ -30,4 +30,4 @@ def build_scheduler(
     With a dict of optimizers, return a dict of schedules with the same names.
     """
     # TODO(optim): keep the warmup + --schedule default, or return your own scheduler.
-    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps)
+    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps, min_lr=config.min_lr)

@@ -50,6 +50,9 @@ class TrainConfig(Settings):
         default="cosine", metadata={"help": "Learning-rate shape after warmup."}
     )
     warmup_steps: int = field(default=20, metadata={"help": "Optimizer updates of linear warmup."})
+    min_lr: float = field(
+        default=0.0, metadata={"help": "The learning rate the cosine schedule ends at (--lr / 10, say)."}
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
     )
@@ -175,6 +178,7 @@ class TrainConfig(Settings):
             "lr",
             "weight_decay",
             "warmup_steps",
+            "min_lr",
             "max_grad_norm",
             "shuffle_buffer",
             "cpu_replicas",
@@ -188,6 +192,14 @@ class TrainConfig(Settings):
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where[name]} must not be negative, got {getattr(self, name)}")
+        if self.min_lr > self.lr:
+            raise ConfigError(
+                f"{where['min_lr']} {self.min_lr} is above {where['lr']} {self.lr}: the schedule decays from "
+                f"{where['lr']} down to {where['min_lr']}"
+            )
+        if self.min_lr and self.schedule != "cosine":
+            schedule = f"{where['schedule']} {self.schedule}"
+            raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
         if not self.run_dir.strip():
             raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
         if problem := runs.pattern_problem(self.run_dir):
@@ -226,7 +238,8 @@ class TrainConfig(Settings):
 
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
-FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

@@ -6,16 +6,19 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from .errors import DataError
+
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup to `peak_lr` over `warmup_steps`, then `cosine` decay to 0 or `constant`.
+    """Linear warmup to `peak_lr` over `warmup_steps`, then `cosine` decay to `min_lr` (--min-lr) or `constant`.
 
     Keras calls it with the optimizer's update count before each update, so update k (from 0)
     uses peak_lr * (k + 1) / warmup_steps during warmup.
     """
 
-    def __init__(self, peak_lr: float, shape: str, warmup_steps: int, total_steps: int) -> None:
+    def __init__(self, peak_lr: float, shape: str, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> None:
         self.peak_lr = peak_lr
+        self.min_lr = min_lr
         self.shape = shape
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
@@ -26,7 +29,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if self.shape == "constant":
             return self.peak_lr * warmup
         progress = tf.clip_by_value((step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps), 0, 1)
-        return self.peak_lr * warmup * 0.5 * (1.0 + tf.cos(math.pi * progress))
+        cosine = 0.5 * (1.0 + tf.cos(math.pi * progress))
+        return warmup * (self.min_lr + (self.peak_lr - self.min_lr) * cosine)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -34,4 +38,16 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "shape": self.shape,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
+            "min_lr": self.min_lr,
         }
+
+
+def check_floor(schedule: object, min_lr: float) -> None:
+    """Refuse a template schedule that does not end at --min-lr: optim.py, written before that flag
+    existed, may not pass it on, and the flag would change nothing."""
+    floor = getattr(schedule, "min_lr", min_lr)  # a schedule of your own has none: yours to use --min-lr
+    if floor != min_lr:
+        raise DataError(
+            f"optim.py: the template's schedule ends at min_lr={floor}, but --min-lr is {min_lr}: "
+            f"pass min_lr=config.min_lr to WarmupSchedule"
+        )

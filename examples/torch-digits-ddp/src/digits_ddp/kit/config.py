@@ -50,6 +50,9 @@ class TrainConfig(Settings):
         default="cosine", metadata={"help": "Learning-rate shape after warmup."}
     )
     warmup_steps: int = field(default=20, metadata={"help": "Optimizer updates of linear warmup."})
+    min_lr: float = field(
+        default=0.0, metadata={"help": "The learning rate the cosine schedule ends at (--lr / 10, say)."}
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 turns clipping off."}
     )
@@ -188,7 +191,7 @@ class TrainConfig(Settings):
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where[name]} must be at least 1, got {getattr(self, name)}")
-        non_negative = ["lr", "weight_decay", "warmup_steps", "max_grad_norm", "early_stop_patience"]
+        non_negative = ["lr", "weight_decay", "warmup_steps", "min_lr", "max_grad_norm", "early_stop_patience"]
         non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "max_steps"]
         for name in non_negative:
             value = getattr(self, name)
@@ -196,6 +199,14 @@ class TrainConfig(Settings):
                 raise ConfigError(f"{where[name]} must be a finite number, got {value}")
             if value < 0:
                 raise ConfigError(f"{where[name]} must not be negative, got {value}")
+        if self.min_lr > self.lr:
+            raise ConfigError(
+                f"{where['min_lr']} {self.min_lr} is above {where['lr']} {self.lr}: the schedule decays from "
+                f"{where['lr']} down to {where['min_lr']}"
+            )
+        if self.min_lr and self.schedule != "cosine":
+            schedule = f"{where['schedule']} {self.schedule}"
+            raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"{where['seed']} must be between 0 and 2**63 - 1, got {self.seed}")
         if not self.run_dir.strip():
@@ -232,7 +243,8 @@ class TrainConfig(Settings):
 
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
-FIXED_FOR_A_RUN = ("lr", "weight_decay", "schedule", "warmup_steps", "global_batch_size", "seed", "ema_decay")
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

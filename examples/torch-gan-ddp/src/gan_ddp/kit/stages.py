@@ -23,6 +23,7 @@ from .callbacks import NonFiniteGuard
 from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .errors import DataError, StepError, TrainingError, user_code_error
+from .schedules import check_floor
 
 
 @dataclass
@@ -99,6 +100,8 @@ def build_stages(
             f"optim.py: build_scheduler returned schedules for {list(schedulers)}; "
             f"the optimizers are {list(optimizers)}"
         )
+    for schedule in schedulers.values():
+        check_floor(schedule, config.min_lr)
     stages = []
     for name, optimizer in optimizers.items():
         if not isinstance(optimizer, torch.optim.Optimizer):
