@@ -436,3 +436,45 @@ def test_a_hook_may_unfreeze_weights_except_under_ddp_on_several_ranks(tmp_path)
     assert stopped.returncode != 0
     assert "changed which weights train (requires_grad) after DDP wrapped the model" in stopped.stdout
     assert "learning rate of 0 in optim.py's param groups instead, or use fsdp" in stopped.stdout
+
+
+OWN_OPTIMIZER = """
+
+class WithOptimizer(nn.Sequential):
+    def configure_optimizers(self, lr: float) -> torch.optim.Optimizer:
+        # nanoGPT's pattern: weight decay on the matrices only.
+        matrices = [param for param in self.parameters() if param.dim() >= 2]
+        others = [param for param in self.parameters() if param.dim() < 2]
+        groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr)
+
+
+_build_model = build_model
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    return WithOptimizer(*_build_model(config))
+"""
+
+
+def test_optim_py_gets_the_model_as_built_so_its_own_methods_work_on_every_strategy(tmp_path):
+    """optim.py calls the model's configure_optimizers (nanoGPT's way): under DDP the model it gets
+    must be model.py's, not the wrapper (which has no such method); every strategy trains alike."""
+    projects = {}
+    for strategy in ("ddp", "fsdp"):
+        project = projects[strategy] = tmp_path / strategy
+        assert looptpl("new", str(project), "--backend", "torch", "--strategy", strategy, "--no-git").exit_code == 0
+        model_py, optim_py = (project / "src" / strategy / name for name in ("model.py", "optim.py"))
+        model_py.write_text("import torch\n" + model_py.read_text() + OWN_OPTIMIZER)
+        own = "    return model.configure_optimizers(config.lr)\n"
+        optim_py.write_text(re.sub(r"    return torch\.optim\.AdamW\(.*\)\n", own, optim_py.read_text()))
+        assert own in optim_py.read_text()
+    flags = ("--epochs", "2")
+    in_parallel(
+        lambda: train_torch(projects["ddp"], tmp_path / "one", *flags),
+        lambda: train_torch(projects["ddp"], tmp_path / "ddp-two", *flags, ranks=2),
+        lambda: train_torch(projects["fsdp"], tmp_path / "fsdp-two", *flags, ranks=2),
+    )
+    reference = trained_weights(tmp_path / "one")
+    for name in ("ddp-two", "fsdp-two"):
+        assert relative_difference(reference, trained_weights(tmp_path / name)) < 1e-5, name

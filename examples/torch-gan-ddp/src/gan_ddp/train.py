@@ -181,8 +181,9 @@ class Trainer:
         compiled = {name: compile_model(model, config) for name, model in self.wrapped.items()}
         # step.py receives what model.py built: one module, or the dict of them.
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
-        # optim.py receives the wrapped network(s), uncompiled: the same parameters, without the compile wrapper.
-        trained_view: Any = self.wrapped["model"] if not isinstance(built, dict) else self.wrapped
+        # optim.py receives the trained network(s) as model.py built them, on the device: the parameters
+        # the wrapper trains, and the model's own methods (a configure_optimizers, say) on every strategy.
+        trained_view: Any = trained["model"] if not isinstance(built, dict) else trained
         with in_your_code("building the optimizer", hint=several_models_hint(trained_view)):
             optimizers = build_optimizer(trained_view, config)
         self.updates_per_epoch = self.loaders.updates_per_epoch
@@ -217,8 +218,8 @@ class Trainer:
         flops = getattr(model_file, "flops_per_sample", None)  # model.py's, for MFU on a GPU
         self.throughput = Throughput(config, runtime.device, runtime.world_size, flops)
         self.checkpointer.check_free_space()
-        # hooks.py sees the models as optim.py does (with the frozen ones), and the optimizers.
-        models_view = trained_view if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
+        # hooks.py sees the trained models as they train (wrapped: DDP holds yours as .module), the frozen ones too.
+        models_view = self.wrapped["model"] if not isinstance(built, dict) else {**self.wrapped, **self.frozen}
         self.run = Run(config, models_view, optimizers, schedulers, runtime.rank, runtime.world_size)
         self.hook = HookCaller(Hooks, config, self.run)
 

@@ -11,7 +11,8 @@ from .kit.config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Build the optimizer over the (already wrapped) model's parameters.
+    """Build the optimizer over the model's parameters: model.py's model, on the device (the strategy's
+    wrapper trains these same parameters; under FSDP they are sharded).
 
     With several networks, `model` is model.py's dict: return a dict of optimizers; step.py
     yields one loss per optimizer, in this dict's order.

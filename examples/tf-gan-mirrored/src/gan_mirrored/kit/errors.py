@@ -137,7 +137,9 @@ def report(message: str, every_rank: bool = True) -> None:
     torchrun's closing summary quotes as the root cause (instead of `error_file: <N/A>`)."""
     line = message.strip().splitlines()[-1] if message.strip() else message
     if not every_rank or first_rank():
-        print(message.rstrip("\n"), file=sys.stderr, flush=True)
+        # One write, newline included: lines from ranks failing at once are not glued together.
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        sys.stderr.flush()
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with contextlib.suppress(OSError):
             Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
