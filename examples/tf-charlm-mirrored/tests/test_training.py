@@ -47,6 +47,10 @@ def test_trains_and_writes_the_run_directory(reference):
     assert result["epochs_run"] == 3 and result["stopped_early"] is False
     assert result["test_samples"] == test_samples
     assert all(math.isfinite(value) for value in final_test(reference).values())
+    # The training speed leaves validation and the test out: their time is eval_time_s.
+    assert result["eval_time_s"] > 0
+    trained = 3 * split_sizes()[0]
+    assert result["train_samples_per_s"] == pytest.approx(trained / result["train_time_s"], rel=0.01)
 
 
 def test_plot_writes_curves_or_explains_what_is_missing(reference):

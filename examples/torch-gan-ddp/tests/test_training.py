@@ -117,6 +117,10 @@ def test_trains_and_writes_the_run_directory(runs):
     assert result["epochs_run"] == 3
     assert result["test_samples"] == split_sizes()[2]
     assert all(math.isfinite(value) for name, value in result.items() if name.startswith("test_"))
+    # The training speed leaves validation and the test out: their time is eval_time_s.
+    assert result["eval_time_s"] > 0
+    trained = 3 * split_sizes()[0]
+    assert result["train_samples_per_s"] == pytest.approx(trained / result["train_time_s"], rel=0.01)
 
 
 def test_plot_writes_curves_or_explains_what_is_missing(runs):

@@ -274,8 +274,7 @@ class Trainer:
             if self.epoch * self.updates_per_epoch == self.config.stop_after_step:
                 self.stopped = f"after update {self.config.stop_after_step}"
                 return None
-        train_seconds = time.perf_counter() - started
-        return self.test(stopped_early, self.samples_trained / max(train_seconds, 1e-9))
+        return self.test(stopped_early, time.perf_counter() - started - self.evaluator.seconds)
 
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; returns the mean training loss of each stage.
@@ -520,7 +519,7 @@ class Trainer:
     def stopped_by(self) -> str:
         return f"by {SIGNALS[self.stop_signal]} " if self.stop_signal else ""
 
-    def test(self, stopped_early: bool, samples_per_second: float) -> dict[str, Any]:
+    def test(self, stopped_early: bool, train_seconds: float) -> dict[str, Any]:
         """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
         signal.signal(signal.SIGINT, signal.default_int_handler)  # training is over: Ctrl-C stops at once
         tested = "last"
@@ -537,8 +536,11 @@ class Trainer:
             "tested_checkpoint": tested,
             **self.evaluate("test"),
         }
-        if samples_per_second:  # a finished run tested again trains nothing
-            summary["train_samples_per_s"] = round(samples_per_second, 1)
+        if self.samples_trained:  # a finished run tested again trains nothing
+            # Training alone: the time spent validating is eval_time_s, with the test's.
+            summary["train_time_s"] = round(train_seconds, 2)
+            summary["train_samples_per_s"] = round(self.samples_trained / max(train_seconds, 1e-9), 1)
+        summary["eval_time_s"] = round(self.evaluator.seconds, 2)
         if self.run.stop_reason:
             summary["stop_reason"] = self.run.stop_reason
         self.hook("on_run_end", self.run, summary)

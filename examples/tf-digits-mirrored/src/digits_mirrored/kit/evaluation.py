@@ -7,6 +7,7 @@ with its samples' indices), for metrics.py's `dataset_metrics`.
 """
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ class Evaluator:
     ) -> None:
         self.strategy = strategy
         self.progress = progress  # on a terminal, the batches evaluated so far
+        self.seconds = 0.0  # spent evaluating, which the training speed leaves out
         self.models = models
         self.config = config
         self.eval_step, self.dataset_metrics = user  # step.py's and metrics.py's
@@ -83,12 +85,14 @@ class Evaluator:
 
     def evaluate(self, split: str) -> dict[str, float]:
         """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
+        started = time.perf_counter()
         results = self._evaluate(split)
         if self.ema is not None:
             with self.ema.swapped_in():
                 averaged = self._evaluate(split)
             del averaged[f"{split}_samples"]
             results.update({name.replace(split, f"{split}_ema", 1): value for name, value in averaged.items()})
+        self.seconds += time.perf_counter() - started
         return results
 
     def _evaluate(self, split: str) -> dict[str, float]:

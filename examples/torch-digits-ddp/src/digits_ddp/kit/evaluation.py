@@ -9,6 +9,7 @@ batch, only so that every rank joins FSDP's collectives: its values are dropped.
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,15 +46,18 @@ class Evaluator:
         self.user = user  # step.py's eval_step and metrics.py's dataset_metrics
         self.autocast, self.device, self.ema = autocast, loaders.device, ema
         self.progress = progress  # on a terminal, the batches evaluated so far
+        self.seconds = 0.0  # spent evaluating, which the training speed leaves out
 
     def evaluate(self, split: str) -> dict[str, float]:
         """`split`'s loss and metrics, named `<split>_<name>`; the average's as `<split>_ema_<name>`."""
+        started = time.perf_counter()
         results = self._evaluate(split)
         if self.ema is not None:
             with self.ema.swapped_in():
                 averaged = self._evaluate(split)
             del averaged[f"{split}_samples"]
             results.update({name.replace(split, f"{split}_ema", 1): value for name, value in averaged.items()})
+        self.seconds += time.perf_counter() - started
         return results
 
     def _evaluate(self, split: str) -> dict[str, float]:
