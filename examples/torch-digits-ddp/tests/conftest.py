@@ -252,8 +252,11 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def step_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of steps.jsonl: every --log-every updates, and the --eval-every validations."""
-    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    """The records of steps.jsonl (every --log-every updates, and the --eval-every validations),
+    without the speed of the updates, which the clock measures."""
+    records = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    clock = ("update_time_ms", "samples_per_s", "tokens_per_s")
+    return [{name: value for name, value in record.items() if name not in clock} for record in records]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -204,6 +204,9 @@ def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
     for training in (plain, validated, six):
         finish(training)
     steps = step_records(tmp_path / "validated")
+    # On the CPU too, each record gives the speed of the updates since the one before.
+    logged = [json.loads(line) for line in (tmp_path / "validated" / "steps.jsonl").read_text().splitlines()]
+    assert all(record["update_time_ms"] > 0 and record["samples_per_s"] > 0 for record in logged)
     assert [record["step"] for record in steps] == [4, 6, 8, 12, 16, 18, 20, 24, 28, 30, 32]
     assert [record["step"] for record in steps if "val_loss" in record] == [6, 12, 18, 24, 30]
     # Validating part-way changes nothing in training (train mode restored, no random draws taken).

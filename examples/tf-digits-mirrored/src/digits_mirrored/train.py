@@ -40,7 +40,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.config import TrainConfig, check_resumable, parse_config
     from .kit.errors import StepError, TrainingError
     from .kit.evaluation import Evaluator, finite_or_raise
-    from .kit.logs import MetricLogger, ProgressBar
+    from .kit.logs import MetricLogger, ProgressBar, UpdateSpeed
     from .kit.profiling import CallProfiler
     from .kit.rundir import prepare_run_dir
     from .kit.runs import closing_lines, opening_line
@@ -166,8 +166,7 @@ class Trainer:
             self.total_updates = config.max_steps or self.updates_per_epoch * config.epochs
             self.epochs = -(-self.total_updates // self.updates_per_epoch)  # with --max-steps the last may be partial
             with in_your_code("building the schedule"):
-                schedule = build_schedule(config, self.total_updates)
-            check_floor(schedule, config.min_lr)  # an optim.py from before --min-lr does not pass it on
+                schedule = check_floor(build_schedule(config, self.total_updates), config.min_lr)
             # One stage per optimizer, each updating the model of the same name (kit/stages.py).
             with in_your_code("building the optimizer"):
                 self.stages = build_stages(build_optimizer(config, schedule), trained, config)
@@ -188,10 +187,10 @@ class Trainer:
             self.checkpointer = self.make_checkpointer(optimizers)
         self.samples_trained = 0  # by this process, for the throughput
         self.terminate = False  # a signal asked the run to stop
-        self.stop_signal = 0  # SIGTERM or SIGINT (Ctrl-C), once one reached this process
-        self.stop_asked = 0.0  # when (time.monotonic())
+        self.stop_signal, self.stop_asked = 0, 0.0  # SIGTERM or SIGINT (Ctrl-C), once one reached us, and when
         self.stopped = ""  # why fit() stopped before the end, in words
         self.logger = MetricLogger(self.run_dir, config) if runtime.is_main else None
+        self.speed = UpdateSpeed()  # of the updates between two steps.jsonl records
         self.progress = ProgressBar(config.progress and runtime.is_main)
         # hooks.py sees what model.py and optim.py built.
         self.run = Run(config, self.models, optimizers, runtime.task_id, runtime.workers, runtime.is_main)
@@ -293,6 +292,7 @@ class Trainer:
         epoch_totals, window = tf.unstack(self.running) if first else (tf.zeros([len(self.stages), 4], tf.float64),) * 2
         batches = iter(self.train_split.distribute(epoch, first))
         updates, samples, log_every = first, 0, self.config.log_every
+        self.speed.restart(first, 0)
         while updates < end:
             # A call ends at the epoch's end and at every update that logs, checkpoints or validates.
             count = updates_in_next_call(self.config, updates, epoch * self.updates_per_epoch + updates, end)
@@ -379,11 +379,13 @@ class Trainer:
         losses = mean_losses(self.stages, window.numpy())  # NaN where --nan-policy skip dropped every update
         record.update(losses, lr=float(self.stages[0].optimizer.learning_rate), **grad_norms(self.stages))
         self.progress.update(updates, samples, next(iter(losses.values())))
+        record.update(self.speed.figures(updates, samples))  # reading the losses waited for the device
         if validate:
             record.update(self.evaluate("val"))
         record.update(self.hook.added("on_log", record))
         if self.logger is not None:
             self.logger.log_step(record)
+        self.speed.restart(updates, samples)
 
     def evaluate(self, split: str) -> dict[str, float]:
         """The loss and metrics over every sample of `split` ("val" or "test"), each counted once."""

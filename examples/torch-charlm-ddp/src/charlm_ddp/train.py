@@ -181,8 +181,7 @@ class Trainer:
         compiled = {name: compile_model(model, config) for name, model in self.wrapped.items()}
         # step.py receives what model.py built: one module, or the dict of them.
         self.models: Any = compiled["model"] if not isinstance(built, dict) else {**compiled, **self.frozen}
-        # optim.py receives the trained network(s) as model.py built them, on the device: the parameters
-        # the wrapper trains, and the model's own methods (a configure_optimizers, say) on every strategy.
+        # optim.py gets model.py's network(s) unwrapped, with their own methods: the wrapper trains the same weights.
         trained_view: Any = trained["model"] if not isinstance(built, dict) else trained
         with in_your_code("building the optimizer", hint=several_models_hint(trained_view)):
             optimizers = build_optimizer(trained_view, config)
@@ -295,7 +294,7 @@ class Trainer:
         epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
         skipped = running["skipped"]
         done, window_samples, epoch_samples = first, 0, 0
-        self.throughput.restart()
+        self.throughput.restart(first)
         for update in range(first, end):
             micro_batches, samples = self.loaders.next_update(batches, update)
             window_samples, epoch_samples = window_samples + samples, epoch_samples + samples
@@ -433,14 +432,14 @@ class Trainer:
         trained = (done - self.position) * self.config.global_batch_size  # since this epoch (re)started
         self.progress.update(done, trained, next(iter(losses.values())))
         record.update(lr=self.stages[0].scheduler.get_last_lr()[0], **grad_norms(self.stages))
-        record.update(self.throughput.figures(samples, sums[0][1], self.per))
+        record.update(self.throughput.figures(done, samples, sums[0][1], self.per))
         if validate:
             record.update(self.evaluate("val"))
             self.set_training(True)
         record.update(self.hook.added("on_log", record))
         if self.logger is not None:
             self.logger.log_step(record)
-        self.throughput.restart()
+        self.throughput.restart(done)
 
     def check_window(self, window: torch.Tensor, epoch: int) -> tuple[list[list[float]], dict[str, float]]:
         """The global loss sums and mean training losses of the updates since the last log, checked for NaN/inf

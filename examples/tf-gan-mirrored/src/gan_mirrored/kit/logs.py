@@ -154,6 +154,21 @@ class ProgressBar:
         self.finish()
 
 
+class UpdateSpeed:
+    """The speed of the updates between two steps.jsonl records, on any device. The host clock
+    measures them exactly where the loop has just waited for the device (to read the loss)."""
+
+    def restart(self, done: int, samples: int) -> None:
+        """Start a stretch after update `done` of the epoch, `samples` into it."""
+        self.started, self.done, self.samples = time.perf_counter(), done, samples
+
+    def figures(self, done: int, samples: int) -> dict[str, float]:
+        """Time per update and samples/s of the stretch that ends after update `done`, `samples` into the epoch."""
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        per_update = 1000 * seconds / max(done - self.done, 1)
+        return {"update_time_ms": round(per_update, 2), "samples_per_s": round((samples - self.samples) / seconds, 1)}
+
+
 def _clock(seconds: float) -> str:
     """3725 s -> 1:02:05; 65 s -> 1:05."""
     minutes, second = divmod(round(seconds), 60)

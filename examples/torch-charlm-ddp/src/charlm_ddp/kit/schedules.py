@@ -2,10 +2,13 @@
 
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from .errors import DataError
+
+Schedule = TypeVar("Schedule")
 
 
 def warmup_schedule(
@@ -33,12 +36,13 @@ def warmup_schedule(
     return scheduler
 
 
-def check_floor(schedule: object, min_lr: float) -> None:
-    """Refuse a template schedule that does not end at --min-lr: optim.py, written before that flag
-    existed, may not pass it on, and the flag would change nothing."""
+def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
+    """The schedule optim.py built, refused if it is the template's and does not end at --min-lr:
+    an optim.py written before that flag existed does not pass it on, and the flag would change nothing."""
     floor = getattr(schedule, "min_lr", min_lr)  # a schedule of your own has none: yours to use --min-lr
     if floor != min_lr:
         raise DataError(
             f"optim.py: the template's schedule ends at min_lr={floor}, but --min-lr is {min_lr}: "
             f"pass min_lr=config.min_lr to warmup_schedule"
         )
+    return schedule

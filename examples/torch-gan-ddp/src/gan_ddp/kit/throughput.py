@@ -1,8 +1,8 @@
-"""Speed and memory of a GPU run, for the steps.jsonl records. Managed by the looptpl template.
+"""Speed of the updates, and memory on a GPU, for the steps.jsonl records. Managed by the looptpl template.
 
-Every --log-every updates the loop waits for the GPU anyway (to check the loss), so the host
-clock then measures the updates since the previous record exactly. Figures are for the whole
-run (all ranks); peak memory is this rank's. MFU (model FLOP utilization) needs the FLOPs of one
+Every --log-every updates the loop waits for the device anyway (to check the loss), so the host
+clock then measures the updates since the previous record exactly. Speeds are for the whole run
+(all ranks); peak memory is this rank's. MFU (model FLOP utilization) needs the FLOPs of one
 training sample from model.py's optional `flops_per_sample(config)` and a GPU whose peak rate is
 listed below.
 """
@@ -37,7 +37,7 @@ def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
 
 
 class Throughput:
-    """Measures the stretch of updates between two log records; inactive on the CPU."""
+    """Measures the stretch of updates between two log records: its speed on any device, memory on a GPU."""
 
     def __init__(
         self,
@@ -47,28 +47,30 @@ class Throughput:
         flops_per_sample: Callable[[TrainConfig], float] | None,
     ) -> None:
         self.device = device
-        self.active = device.type == "cuda"
-        peak = peak_flops(config, device) if self.active else None
+        self.on_gpu = device.type == "cuda"
+        peak = peak_flops(config, device) if self.on_gpu else None
         self.flops_share = flops_per_sample(config) / (peak * world_size) if flops_per_sample and peak else None
-        self.restart()
+        self.restart(0)
 
-    def restart(self) -> None:
-        """Start a new stretch (after a record, an evaluation, or at an epoch's start)."""
-        if self.active:
+    def restart(self, done: int) -> None:
+        """Start a new stretch after update `done` of the epoch (a record, an evaluation, the epoch's start)."""
+        if self.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.started = time.perf_counter()
+        self.started, self.done = time.perf_counter(), done
 
-    def figures(self, samples: int, units: float, per: str) -> dict[str, Any]:
-        """Samples/s (and `per`s/s, e.g. tokens, when the loss is weighted by them), peak memory, MFU.
+    def figures(self, done: int, samples: int, units: float, per: str) -> dict[str, Any]:
+        """Time per update and samples/s (and `per`s/s, e.g. tokens, when the loss is weighted by them)
+        from the stretch that ends after update `done`; on a GPU, peak memory and MFU.
 
-        Call it only right after the GPU was waited for, else the clock measures the host alone.
+        Call it only right after the device was waited for, else the clock measures the host alone.
         """
-        if not self.active:
-            return {}
         seconds = max(time.perf_counter() - self.started, 1e-9)
-        figures: dict[str, Any] = {"samples_per_s": round(samples / seconds, 1)}
+        figures: dict[str, Any] = {"update_time_ms": round(1000 * seconds / max(done - self.done, 1), 2)}
+        figures["samples_per_s"] = round(samples / seconds, 1)
         if per != "sample":
             figures[f"{per}s_per_s"] = round(units / seconds, 1)
+        if not self.on_gpu:
+            return figures
         figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
         if self.flops_share is not None:
             figures["mfu"] = round(samples / seconds * self.flops_share, 4)

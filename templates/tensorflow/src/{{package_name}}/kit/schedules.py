@@ -1,12 +1,14 @@
 """Learning-rate schedules with linear warmup. Managed by the looptpl template: edit optim.py instead."""
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import keras
 import tensorflow as tf
 
 from .errors import DataError
+
+Schedule = TypeVar("Schedule")
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -42,12 +44,13 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def check_floor(schedule: object, min_lr: float) -> None:
-    """Refuse a template schedule that does not end at --min-lr: optim.py, written before that flag
-    existed, may not pass it on, and the flag would change nothing."""
+def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
+    """The schedule optim.py built, refused if it is the template's and does not end at --min-lr:
+    an optim.py written before that flag existed does not pass it on, and the flag would change nothing."""
     floor = getattr(schedule, "min_lr", min_lr)  # a schedule of your own has none: yours to use --min-lr
     if floor != min_lr:
         raise DataError(
             f"optim.py: the template's schedule ends at min_lr={floor}, but --min-lr is {min_lr}: "
             f"pass min_lr=config.min_lr to WarmupSchedule"
         )
+    return schedule
