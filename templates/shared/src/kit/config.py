@@ -3,6 +3,18 @@ OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr"
 FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
 
 
+def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:
+    """Refuse a --min-lr the schedule cannot end at (`where` names each setting as the user gave it)."""
+    if config.min_lr > config.lr:
+        raise ConfigError(
+            f"{where['min_lr']} {config.min_lr} is above {where['lr']} {config.lr}: the schedule decays from "
+            f"{where['lr']} down to {where['min_lr']}"
+        )
+    if config.min_lr and config.schedule != "cosine":
+        schedule = f"{where['schedule']} {config.schedule}"
+        raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
+
+
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:
     """Refuse to resume with settings that would make the rest of the run differ from the start."""
     changed = [

@@ -192,14 +192,7 @@ class TrainConfig(Settings):
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{where[name]} must not be negative, got {getattr(self, name)}")
-        if self.min_lr > self.lr:
-            raise ConfigError(
-                f"{where['min_lr']} {self.min_lr} is above {where['lr']} {self.lr}: the schedule decays from "
-                f"{where['lr']} down to {where['min_lr']}"
-            )
-        if self.min_lr and self.schedule != "cosine":
-            schedule = f"{where['schedule']} {self.schedule}"
-            raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
+        check_min_lr(self, where)
         if not self.run_dir.strip():
             raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
         if problem := runs.pattern_problem(self.run_dir):
@@ -240,6 +233,18 @@ class TrainConfig(Settings):
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
 FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
+
+
+def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:
+    """Refuse a --min-lr the schedule cannot end at (`where` names each setting as the user gave it)."""
+    if config.min_lr > config.lr:
+        raise ConfigError(
+            f"{where['min_lr']} {config.min_lr} is above {where['lr']} {config.lr}: the schedule decays from "
+            f"{where['lr']} down to {where['min_lr']}"
+        )
+    if config.min_lr and config.schedule != "cosine":
+        schedule = f"{where['schedule']} {config.schedule}"
+        raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:

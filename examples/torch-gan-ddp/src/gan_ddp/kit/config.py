@@ -199,14 +199,7 @@ class TrainConfig(Settings):
                 raise ConfigError(f"{where[name]} must be a finite number, got {value}")
             if value < 0:
                 raise ConfigError(f"{where[name]} must not be negative, got {value}")
-        if self.min_lr > self.lr:
-            raise ConfigError(
-                f"{where['min_lr']} {self.min_lr} is above {where['lr']} {self.lr}: the schedule decays from "
-                f"{where['lr']} down to {where['min_lr']}"
-            )
-        if self.min_lr and self.schedule != "cosine":
-            schedule = f"{where['schedule']} {self.schedule}"
-            raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
+        check_min_lr(self, where)
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"{where['seed']} must be between 0 and 2**63 - 1, got {self.seed}")
         if not self.run_dir.strip():
@@ -245,6 +238,18 @@ class TrainConfig(Settings):
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
 FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
+
+
+def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:
+    """Refuse a --min-lr the schedule cannot end at (`where` names each setting as the user gave it)."""
+    if config.min_lr > config.lr:
+        raise ConfigError(
+            f"{where['min_lr']} {config.min_lr} is above {where['lr']} {config.lr}: the schedule decays from "
+            f"{where['lr']} down to {where['min_lr']}"
+        )
+    if config.min_lr and config.schedule != "cosine":
+        schedule = f"{where['schedule']} {config.schedule}"
+        raise ConfigError(f"{where['min_lr']} is where the cosine schedule ends; {schedule} has none")
 
 
 def check_resumable(config: TrainConfig, saved: dict[str, object]) -> None:
