@@ -8,8 +8,6 @@ import tensorflow as tf
 
 from .errors import DataError
 
-Schedule = TypeVar("Schedule")
-
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup to `peak_lr` over `warmup_steps`, then `cosine` decay to `min_lr` (--min-lr) or `constant`.
@@ -44,6 +42,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+Schedule = TypeVar("Schedule")
+
+
 def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
     """The schedule optim.py built, refused if it is the template's and does not end at --min-lr:
     an optim.py written before that flag existed does not pass it on, and the flag would change nothing."""
@@ -51,6 +52,6 @@ def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
     if floor != min_lr:
         raise DataError(
             f"optim.py: the template's schedule ends at min_lr={floor}, but --min-lr is {min_lr}: "
-            f"pass min_lr=config.min_lr to WarmupSchedule"
+            "pass min_lr=config.min_lr where optim.py builds it"
         )
     return schedule

@@ -8,8 +8,6 @@ import torch
 
 from .errors import DataError
 
-Schedule = TypeVar("Schedule")
-
 
 def warmup_schedule(
     optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int, min_lr: float = 0.0
@@ -36,6 +34,9 @@ def warmup_schedule(
     return scheduler
 
 
+Schedule = TypeVar("Schedule")
+
+
 def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
     """The schedule optim.py built, refused if it is the template's and does not end at --min-lr:
     an optim.py written before that flag existed does not pass it on, and the flag would change nothing."""
@@ -43,6 +44,6 @@ def check_floor(schedule: Schedule, min_lr: float) -> Schedule:
     if floor != min_lr:
         raise DataError(
             f"optim.py: the template's schedule ends at min_lr={floor}, but --min-lr is {min_lr}: "
-            f"pass min_lr=config.min_lr to warmup_schedule"
+            "pass min_lr=config.min_lr where optim.py builds it"
         )
     return schedule
