@@ -159,8 +159,9 @@ class UpdateSpeed:
         self.started, self.done, self.samples = time.perf_counter(), done, samples
 
     def figures(self, done: int, samples: int) -> dict[str, float]:
-        """Time per update and samples/s of the stretch that ends after update `done`, `samples` into the epoch."""
-        seconds = max(time.perf_counter() - self.started, 1e-9)
+        """Time per update and samples/s of the stretch that ends after update `done`, `samples` into the
+        epoch; its length stays in `seconds`, for other rates of the same stretch."""
+        self.seconds = seconds = max(time.perf_counter() - self.started, 1e-9)
         per_update = 1000 * seconds / max(done - self.done, 1)
         return {"update_time_ms": round(per_update, 2), "samples_per_s": round((samples - self.samples) / seconds, 1)}
 

@@ -7,13 +7,13 @@ training sample from model.py's optional `flops_per_sample(config)` and a GPU wh
 listed below.
 """
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .config import TrainConfig
+from .logs import UpdateSpeed
 
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets: (bf16 and fp16, TF32), by a part of the name.
 PEAK_TFLOPS = {
@@ -50,13 +50,14 @@ class Throughput:
         self.on_gpu = device.type == "cuda"
         peak = peak_flops(config, device) if self.on_gpu else None
         self.flops_share = flops_per_sample(config) / (peak * world_size) if flops_per_sample and peak else None
+        self.speed = UpdateSpeed()
         self.restart(0)
 
     def restart(self, done: int) -> None:
         """Start a new stretch after update `done` of the epoch (a record, an evaluation, the epoch's start)."""
         if self.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.started, self.done = time.perf_counter(), done
+        self.speed.restart(done, 0)  # the loop counts a stretch's samples from 0
 
     def figures(self, done: int, samples: int, units: float, per: str) -> dict[str, Any]:
         """Time per update and samples/s (and `per`s/s, e.g. tokens, when the loss is weighted by them)
@@ -64,9 +65,8 @@ class Throughput:
 
         Call it only right after the device was waited for, else the clock measures the host alone.
         """
-        seconds = max(time.perf_counter() - self.started, 1e-9)
-        figures: dict[str, Any] = {"update_time_ms": round(1000 * seconds / max(done - self.done, 1), 2)}
-        figures["samples_per_s"] = round(samples / seconds, 1)
+        figures: dict[str, Any] = self.speed.figures(done, samples)
+        seconds = self.speed.seconds
         if per != "sample":
             figures[f"{per}s_per_s"] = round(units / seconds, 1)
         if not self.on_gpu:
