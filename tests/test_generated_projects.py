@@ -335,6 +335,7 @@ SHARED_DEFINITIONS = {
         "import_failure",
     ],
     "src/{{package_name}}/kit/evaluation.py": ["finite_or_raise"],
+    "tests/conftest.py.jinja": ["step_records"],
 }
 
 
