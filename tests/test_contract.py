@@ -8,6 +8,7 @@ the same global batch, and each equivalence test also shows that it would catch 
 about (a naive variant that must fail it).
 """
 
+import json
 import math
 import re
 import subprocess
@@ -247,6 +248,32 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
     one, two = records(tmp_path / "one")[-1], records(tmp_path / "two")[-1]
     assert two["val_f1"] == one["val_f1"] and two["val_ids_in_order"] == one["val_ids_in_order"] == 1.0
     assert two["val_samples"] == 251
+
+
+def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_ranks_with_resume(tabular, tmp_path):
+    # data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
+    # sees their ids, gathered from every rank: the same 80 (not the first 80) at every evaluation, on
+    # 1 and 2 ranks. --monitor-mode max makes epoch 1 the best, before the 2-rank run stops and
+    # resumes: the summary gives that epoch's val figures, which the checkpoint must have kept.
+    project = copy_project(tabular, tmp_path / "project")
+    edit(project, "data.py", "for size in (600, 251, 257))", "for size in (600, 251)) + (None,)")
+    code = '"id_code": float(hash(tuple(gathered["id"].tolist())) % 2**40), "ids_in_order"'
+    edit(project, "metrics.py", '"ids_in_order"', code)
+    flags = ("--epochs", "3", "--eval-batch-size", "16", "--eval-batches", "5", "--monitor-mode", "max")
+    in_parallel(
+        lambda: train_torch(project, tmp_path / "one", *flags),
+        lambda: train_torch(project, tmp_path / "two", *flags, "--stop-after-epoch", "2", ranks=2),
+    )
+    train_torch(project, tmp_path / "two", *flags, "--resume", ranks=2)
+    one, two = records(tmp_path / "one"), records(tmp_path / "two")
+    assert {record["val_id_code"] for record in one + two} == {one[0]["val_id_code"]}
+    assert all(record["val_samples"] == 80 and record["val_ids_in_order"] == 0.0 for record in one + two)
+    for run_dir in ("one", "two"):
+        summary = json.loads((tmp_path / run_dir / "summary.json").read_text())
+        assert summary["best_epoch"] == 1 and "tested_checkpoint" not in summary
+        assert not [name for name in summary if name.startswith("test_")]
+        figures = {name: value for name, value in one[0].items() if name.startswith("val_")}
+        assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)
 
 
 def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_path):

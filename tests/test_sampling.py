@@ -86,19 +86,34 @@ def test_a_huge_train_set_never_builds_its_permutation(sampling, monkeypatch):
 
 
 def test_evaluation_shards_cover_the_split_once_and_pad_to_the_longest(sampling):
-    for size, batch, ranks in [(251, 16, 1), (251, 16, 2), (257, 256, 4), (3, 2, 4), (1000, 100, 3)]:
-        samplers = [sampling.EvalBatchSampler(size, batch, rank, ranks) for rank in range(ranks)]
-        assert len({len(sampler) for sampler in samplers}) == 1  # every rank runs as many batches
-        real = []
-        for rank, sampler in enumerate(samplers):
-            batches = list(sampler)
-            assert len(batches) == len(sampler)
-            shard = list(range(rank, size, ranks))
-            expected = [shard[start : start + batch] for start in range(0, len(shard), batch)]
-            assert batches[: sampler.real_batches] == expected and sampler.real_size == len(shard)
-            assert batches[sampler.real_batches :] == [[0]] * (len(sampler) - sampler.real_batches)
-            real += [index for part in expected for index in part]
-        assert sorted(real) == list(range(size))
+    for size, batch, ranks, limit in [(251, 16, 1, 0), (251, 16, 2, 0), (257, 256, 4, 0), (3, 2, 4, 0)]:
+        check_evaluation_shards(sampling, sampling.evaluated_samples(size, limit), batch, ranks)
+    for size, batch, ranks, limit in [(1000, 100, 3, 0), (1000, 16, 3, 7 * 16), (65_537, 64, 2, 5 * 64)]:
+        check_evaluation_shards(sampling, sampling.evaluated_samples(size, limit), batch, ranks)
+
+
+def check_evaluation_shards(sampling, samples, batch, ranks):
+    samplers = [sampling.EvalBatchSampler(samples, batch, rank, ranks) for rank in range(ranks)]
+    assert len({len(sampler) for sampler in samplers}) == 1  # every rank runs as many batches
+    real = []
+    for rank, sampler in enumerate(samplers):
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        shard = list(samples)[rank::ranks]
+        expected = [shard[start : start + batch] for start in range(0, len(shard), batch)]
+        assert batches[: sampler.real_batches] == expected and sampler.real_size == len(shard)
+        assert batches[sampler.real_batches :] == [[samples[0]]] * (len(sampler) - sampler.real_batches)
+        real += [index for part in expected for index in part]
+    assert sorted(real) == list(samples)
+
+
+def test_eval_batches_draw_one_fixed_subset_spread_over_the_split(sampling):
+    # --eval-batches 7 of 16: the same 112 samples every time (no run seed, no rank count in the draw),
+    # in dataset order, each once, and spread over the split rather than its first 112.
+    first = sampling.evaluated_samples(10_000, 7 * 16)
+    assert list(first) == list(sampling.evaluated_samples(10_000, 7 * 16)) == sorted(set(first))
+    assert len(first) == 112 and first[-1] > 5_000 and first != list(range(112))
+    assert sampling.evaluated_samples(100, 112) == sampling.evaluated_samples(100, 0) == range(100)
 
 
 class Augmented(torch.utils.data.Dataset):

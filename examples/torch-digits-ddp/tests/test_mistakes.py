@@ -86,6 +86,13 @@ USER_FILE_MISTAKES = {
         "    return make_split(1003), make_split(251)",
         "error: data.py: build_datasets must return (train, val, test) datasets, got a tuple of 2",
     ),
+    "no-val-set": (
+        "data.py",
+        SPLITS,
+        "    return make_split(1003), None, make_split(257)",
+        "error: data.py: build_datasets returned None for the val set; only the test set may be None (the run then "
+        "has no final test)",
+    ),
     "negative-length": (
         "data.py",
         ITEM,

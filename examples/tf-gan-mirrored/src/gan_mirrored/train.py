@@ -138,16 +138,21 @@ class Trainer:
     """Owns the models, the optimizers and the input pipelines of one run, on this worker."""
 
     def __init__(
-        self, config: TrainConfig, runtime: Runtime, datasets: tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]
+        self,
+        config: TrainConfig,
+        runtime: Runtime,
+        datasets: tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset | None],
     ) -> None:
         self.config = config
         self.runtime = runtime
         self.strategy = runtime.strategy
         self.run_dir = Path(config.run_dir)
         train_set, val_set, test_set = datasets
+        splits = {"val": val_set, "test": test_set}  # data.py's test set may be None: no final test
         eval_sets = {
-            "val": distribute_eval(self.strategy, val_set, "val", config.eval_batch_size, make_batches),
-            "test": distribute_eval(self.strategy, test_set, "test", config.eval_batch_size, make_batches),
+            split: distribute_eval(self.strategy, dataset, split, config, make_batches)
+            for split, dataset in splits.items()
+            if dataset is not None
         }
 
         # Layers built from here on compute in bf16/fp16 (under those --precision values) and keep
@@ -177,7 +182,8 @@ class Trainer:
             self.running = tf.Variable(tf.zeros([2, len(self.stages), 4], tf.float64), trainable=False)
             counters = (self.epoch, self.step, self.train_split.stream_position)
             self.train_step = TrainStep(config, runtime, self.models, self.stages, counters)
-            self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
+            watch = (config.monitor, config.monitor_mode, config.early_stop_patience)
+            self.early_stopping = EarlyStopping(*watch, keep_validation=test_set is None)
             self.saved_config = ConfigState(config)
             # The trained models and their optimizers, by name with several (the checkpoint's keys).
             one = len(self.stages) == 1
@@ -443,25 +449,22 @@ class Trainer:
         return f"by {SIGNALS[self.stop_signal or signal.SIGTERM]} " if self.terminate else ""
 
     def test(self, stopped_early: bool, train_seconds: float) -> dict[str, Any]:
-        """Evaluate the best (or last) weights on the test set and return the summary."""
+        """Evaluate the best (or last) weights on the test set and return the summary.
+
+        Without a test set (data.py's is None) the summary gives the best epoch's validation figures.
+        """
         signal.signal(signal.SIGINT, signal.default_int_handler)  # training is over: Ctrl-C stops at once
-        tested = "last"
-        best_epoch = int(self.early_stopping.best_epoch.numpy())
-        if self.config.test_on == "best" and int(self.position.numpy()) and best_epoch == int(self.epoch.numpy()):
-            tested = f"best (epoch {best_epoch}, the final weights)"  # validated part-way: never saved in best/
-        elif self.config.test_on == "best":
-            tested = self.checkpointer.load_best(self.trained)
-            if tested == "best":
-                tested = f"best (epoch {best_epoch})"
         summary: dict[str, Any] = {
             "epochs_run": int(self.epoch.numpy()),
             "steps": int(self.step.numpy()),
             "stopped_early": stopped_early,
-            "best_epoch": best_epoch,
+            "best_epoch": int(self.early_stopping.best_epoch.numpy()),
             f"best_{self.config.monitor}": self.early_stopping.best_value(),
-            "tested_checkpoint": tested,
-            **self.evaluate("test"),
         }
+        if self.early_stopping.best_validation is not None:
+            summary.update(self.early_stopping.best_validation.figures)
+        else:
+            summary.update(tested_checkpoint=self.load_tested(), **self.evaluate("test"))
         if self.samples_trained:  # a finished run tested again trains nothing
             # Training alone: the time spent validating is eval_time_s, with the test's.
             summary["train_time_s"] = round(train_seconds, 2)
@@ -473,6 +476,16 @@ class Trainer:
         if self.logger is not None:
             self.logger.close(summary)
         return summary
+
+    def load_tested(self) -> str:
+        """Load the weights the final test uses (--test-on), and say which they are."""
+        if self.config.test_on == "last":
+            return "last"
+        best_epoch = int(self.early_stopping.best_epoch.numpy())
+        if int(self.position.numpy()) and best_epoch == int(self.epoch.numpy()):
+            return f"best (epoch {best_epoch}, the final weights)"  # validated part-way: never saved in best/
+        tested = self.checkpointer.load_best(self.trained)
+        return f"best (epoch {best_epoch})" if tested == "best" else tested
 
 
 SUM = tf.distribute.ReduceOp.SUM

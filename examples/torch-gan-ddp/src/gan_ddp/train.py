@@ -162,7 +162,7 @@ class Trainer:
     """Owns the models, the optimizers and the data loaders of one run, on one rank."""
 
     def __init__(
-        self, config: TrainConfig, runtime: Runtime, built: object, datasets: tuple[Dataset, Dataset, Dataset]
+        self, config: TrainConfig, runtime: Runtime, built: object, datasets: tuple[Dataset, Dataset, Dataset | None]
     ) -> None:
         self.config = config
         self.runtime = runtime
@@ -519,22 +519,22 @@ class Trainer:
         return f"by {SIGNALS[self.stop_signal]} " if self.stop_signal else ""
 
     def test(self, stopped_early: bool, train_seconds: float) -> dict[str, Any]:
-        """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes."""
+        """Evaluate the best (or last) checkpoint on the test set; returns the summary train.py writes.
+
+        Without a test set (data.py's is None) the summary gives the best epoch's validation figures.
+        """
         signal.signal(signal.SIGINT, signal.default_int_handler)  # training is over: Ctrl-C stops at once
-        tested = "last"
-        if self.config.test_on == "best" and self.position and self.early_stopping.best_epoch == self.epoch:
-            tested = f"best (epoch {self.epoch}, the final weights)"  # validated part-way: never linked as best.pt
-        elif self.config.test_on == "best":
-            tested = self.checkpointer.load_best(self.early_stopping.best_epoch)
         summary: dict[str, Any] = {
             "epochs_run": self.epoch,
             "steps": self.step,
             "stopped_early": stopped_early,
             "best_epoch": self.early_stopping.best_epoch,
             f"best_{self.config.monitor}": self.early_stopping.best,
-            "tested_checkpoint": tested,
-            **self.evaluate("test"),
         }
+        if self.loaders.test is None:
+            summary.update(self.early_stopping.best_validation)
+        else:
+            summary.update(tested_checkpoint=self.load_tested(), **self.evaluate("test"))
         if self.samples_trained:  # a finished run tested again trains nothing
             # Training alone: the time spent validating is eval_time_s, with the test's.
             summary["train_time_s"] = round(train_seconds, 2)
@@ -546,6 +546,14 @@ class Trainer:
         if self.logger is not None:
             self.logger.close(summary)
         return summary
+
+    def load_tested(self) -> str:
+        """Load the weights the final test uses (--test-on), and say which they are."""
+        if self.config.test_on == "last":
+            return "last"
+        if self.position and self.early_stopping.best_epoch == self.epoch:
+            return f"best (epoch {self.epoch}, the final weights)"  # validated part-way: never linked as best.pt
+        return self.checkpointer.load_best(self.early_stopping.best_epoch)
 
 
 if __name__ == "__main__":

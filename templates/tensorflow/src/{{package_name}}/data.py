@@ -14,8 +14,9 @@ NUM_FEATURES = 16
 NUM_CLASSES = 4
 
 
-def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset]:
-    """Return the (train, validation, test) datasets, each a `tf.data.Dataset` of single samples.
+def build_datasets(config: TrainConfig) -> tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset | None]:
+    """Return the (train, validation, test) datasets, each a `tf.data.Dataset` of single samples; the test
+    set may be None (no final test: the summary then gives the best epoch's validation figures).
 
     Every element is one sample, unbatched: a tensor, a tuple or a dict of tensors (step.py
     receives them batched by `make_batches`). Every worker calls this with the same config and

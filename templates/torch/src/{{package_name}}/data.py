@@ -16,8 +16,9 @@ NUM_FEATURES = 16
 NUM_CLASSES = 4
 
 
-def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset]:
-    """Return the (train, validation, test) datasets.
+def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, Dataset | None]:
+    """Return the (train, validation, test) datasets; the test set may be None (no final test: the
+    summary then gives the best epoch's validation figures).
 
     An item can be anything `collate` turns into a batch: a tensor, a tuple, a dict. Every rank
     calls this with the same config and must get the same datasets: the loop shards them, so do

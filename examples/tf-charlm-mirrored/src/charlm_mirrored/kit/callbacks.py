@@ -89,7 +89,7 @@ class EarlyStopping(tf.Module):
     Its state lives in variables, so the checkpoint carries it and --resume keeps counting.
     """
 
-    def __init__(self, monitor: str, mode: Literal["min", "max"], patience: int) -> None:
+    def __init__(self, monitor: str, mode: Literal["min", "max"], patience: int, keep_validation: bool) -> None:
         super().__init__(name="early_stopping")
         self.monitor = monitor
         self.mode = mode
@@ -97,6 +97,9 @@ class EarlyStopping(tf.Module):
         self.best = tf.Variable(math.nan, dtype=tf.float64, trainable=False)  # NaN: nothing seen yet
         self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.bad_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        # The best epoch's val figures, the summary's without a test set; only then in the checkpoint, so that
+        # a run with a test set resumes from checkpoints written before it existed.
+        self.best_validation = BestValidation() if keep_validation else None
 
     def update(self, record: dict[str, Any], epoch: int) -> bool:
         """Record one epoch's metrics; return whether its monitored value is the best so far."""
@@ -110,6 +113,9 @@ class EarlyStopping(tf.Module):
             self.best.assign(value)
             self.best_epoch.assign(epoch)
             self.bad_epochs.assign(0)
+            if self.best_validation is not None:
+                figures = {name: value for name, value in record.items() if name.startswith("val_")}
+                self.best_validation.figures = figures
         else:
             self.bad_epochs.assign_add(1)
         return improved
@@ -121,3 +127,16 @@ class EarlyStopping(tf.Module):
     def best_value(self) -> float | None:
         best = float(self.best.numpy())
         return None if math.isnan(best) else best
+
+
+class BestValidation(tf.train.experimental.PythonState):
+    """The best epoch's val figures (name: value), as JSON in the checkpoint."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}
+
+    def serialize(self) -> str:
+        return json.dumps(self.figures)
+
+    def deserialize(self, string_value: bytes) -> None:
+        self.figures = json.loads(string_value)

@@ -97,8 +97,15 @@ def user_code_error(error: Exception, doing: str) -> Exception:
 
 
 def three_datasets(returned: object) -> tuple[Any, Any, Any]:
-    """data.py's (train, val, test), or a DataError saying what build_datasets returned instead."""
+    """data.py's (train, val, test; the test set may be None), or a DataError saying what build_datasets
+    returned instead."""
     if isinstance(returned, tuple | list) and len(returned) == 3:
+        missing = [split for split, dataset in zip(("train", "val"), returned, strict=False) if dataset is None]
+        if missing:
+            raise DataError(
+                f"data.py: build_datasets returned None for the {missing[0]} set; only the test set may be None "
+                "(the run then has no final test)"
+            )
         return returned[0], returned[1], returned[2]
     if returned is None:
         got = "None"

@@ -124,6 +124,13 @@ class TrainConfig(Settings):
         },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per replica."})
+    eval_batches: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate this many batches of --eval-batch-size from each split instead of all of it: the same "
+            "samples every time, drawn once from the split, for any number of replicas. 0: the whole split."
+        },
+    )
     shuffle_buffer: int = field(
         default=0, metadata={"help": "Training samples held for shuffling; 0 shuffles the whole train set."}
     )
@@ -181,6 +188,7 @@ class TrainConfig(Settings):
             "min_lr",
             "max_grad_norm",
             "shuffle_buffer",
+            "eval_batches",
             "cpu_replicas",
             "early_stop_patience",
             "stop_after_epoch",

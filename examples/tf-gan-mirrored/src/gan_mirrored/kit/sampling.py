@@ -17,7 +17,9 @@ every pass and every worker (shuffle it there with a fixed seed and reshuffle_ea
 
 Evaluation: the validation and test sets in global batches of --eval-batch-size x replicas, cut
 like training batches, so each sample goes to exactly one replica, once; a split of unknown size
-is counted as it is read. A last batch with fewer samples than replicas is topped up with repeats
+is counted as it is read. With --eval-batches, a fixed subset of the split, drawn once (the same
+samples every time and for any number of replicas; a split of unknown size: its first samples).
+A last batch with fewer samples than replicas is topped up with repeats
 of its samples, marked so that evaluation.py leaves their results out: no replica is handed an
 empty batch, which some layers (Conv2D on the CPU) cannot take.
 
@@ -28,6 +30,7 @@ a distributed dataset's iterator costs about three times as much per batch (on t
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from .config import TrainConfig
@@ -130,12 +133,20 @@ class TrainSplit:
 
 
 def distribute_eval(
-    strategy: tf.distribute.Strategy, dataset: tf.data.Dataset, split: str, batch_size: int, make_batches: MakeBatches
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset,
+    split: str,
+    config: TrainConfig,
+    make_batches: MakeBatches,
 ) -> Any:
-    """A validation or test set, `batch_size` samples per replica and step, each sample once, with the samples'
-    indices (-1 for a repeat)."""
-    if _size(dataset, split) == tf.data.INFINITE_CARDINALITY:
+    """A validation or test set (with --eval-batches, its subset), --eval-batch-size samples per replica and step,
+    each sample once, with the samples' indices (-1 for a repeat)."""
+    size = _size(dataset, split)
+    if size == tf.data.INFINITE_CARDINALITY:
         raise DataError(f"data.py: the {split} dataset repeats forever; evaluation reads it to its end: drop .repeat()")
+    batch_size = config.eval_batch_size
+    if config.eval_batches:
+        dataset = evaluated_samples(dataset, size, config.eval_batches * batch_size)
 
     def global_batches(replicas: int) -> tf.data.Dataset:
         indices = tf.data.Dataset.counter().batch(batch_size * replicas)
@@ -143,6 +154,21 @@ def distribute_eval(
         return numbered.map(lambda indices, batch: _numbered_for_every_replica(indices, batch, replicas))
 
     return _distribute(strategy, global_batches)
+
+
+def evaluated_samples(dataset: tf.data.Dataset, size: int, samples: int) -> tf.data.Dataset:
+    """`samples` samples of a split, in dataset order, drawn by a fixed seed, not --seed: the same for every
+    evaluation, every number of replicas and runs with other seeds, so their figures compare. A split of
+    unknown size gives its first `samples`."""
+    if size < 0:
+        return dataset.take(samples)
+    if samples >= size:
+        return dataset
+    keep = np.zeros(size, dtype=bool)
+    keep[np.random.default_rng(0).choice(size, samples, replace=False)] = True
+    kept = tf.constant(keep)
+    chosen = dataset.enumerate().filter(lambda index, sample: kept[index]).map(lambda index, sample: sample)
+    return chosen.apply(tf.data.experimental.assert_cardinality(samples))
 
 
 def batches(dataset: tf.data.Dataset, batch_size: int, split: str, make_batches: MakeBatches) -> tf.data.Dataset:

@@ -142,6 +142,13 @@ class TrainConfig(Settings):
         },
     )
     eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size per rank."})
+    eval_batches: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate this many batches of --eval-batch-size from each split instead of all of it: the same "
+            "samples every time, drawn once from the split, for any number of ranks. 0: the whole split."
+        },
+    )
     num_workers: int = field(
         default=-1,
         metadata={
@@ -192,7 +199,8 @@ class TrainConfig(Settings):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where[name]} must be at least 1, got {getattr(self, name)}")
         non_negative = ["lr", "weight_decay", "warmup_steps", "min_lr", "max_grad_norm", "early_stop_patience"]
-        non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "max_steps"]
+        non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "eval_batches"]
+        non_negative += ["max_steps"]
         for name in non_negative:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):

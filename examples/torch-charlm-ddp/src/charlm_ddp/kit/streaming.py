@@ -11,11 +11,13 @@ ends, the next pass starts: data.py's `set_epoch(n)`, if the data set has one, c
 A resumed run reads its pass again up to where it stopped, with each item's random draws seeded
 from (--seed, pass, position), so it continues exactly as the uninterrupted run did.
 
-Evaluation: rank r keeps the items at positions r, r + N, r + 2N, ... Having read the whole
-stream, every rank knows how long each shard was, and one short of the longest runs padding
-batches whose values are dropped, as sampling.EvalBatchSampler does.
+Evaluation: rank r keeps the items at positions r, r + N, r + 2N, ... (with --eval-batches, of the
+stream's first items only). Having read them all, every rank knows how long each shard was, and
+one short of the longest runs padding batches whose values are dropped, as sampling.EvalBatchSampler
+does.
 """
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,8 +98,11 @@ class TrainStream(IterableDataset):
 class EvalStream(IterableDataset):
     """Yields this rank's evaluation batches of a stream, with padding batches up to the longest shard."""
 
-    def __init__(self, dataset: IterableDataset, batch_size: int, rank: int, world_size: int, split: str) -> None:
+    def __init__(
+        self, dataset: IterableDataset, batch_size: int, rank: int, world_size: int, split: str, limit: int = 0
+    ) -> None:
         self.dataset = dataset
+        self.limit = limit  # --eval-batches: the stream's first `limit` items; 0: all of them
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
@@ -107,7 +112,8 @@ class EvalStream(IterableDataset):
         worker = get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         first, size, batches, batch = None, 0, 0, []
-        for position, item in enumerate(self.dataset):
+        items = itertools.islice(self.dataset, self.limit) if self.limit else self.dataset
+        for position, item in enumerate(items):
             first = item if first is None else first
             size = position + 1
             if position % self.world_size == self.rank:

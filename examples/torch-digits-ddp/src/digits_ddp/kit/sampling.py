@@ -12,9 +12,10 @@ sample's index: a sample gets the same draws whatever the number of ranks and Da
 and after a resume. Only the generators data.py is seen to draw from are seeded, so a data set
 without random draws pays nothing for it.
 
-Evaluation: rank r takes samples r, r + N, r + 2N, ... A rank whose shard needs one batch fewer
-runs a padding batch, so every rank runs the same number of batches (FSDP needs that: each
-forward is a collective); its values are dropped, so every sample counts exactly once.
+Evaluation: rank r takes samples r, r + N, r + 2N, ... of the split (of its --eval-batches subset,
+drawn once in `evaluated_samples`). A rank whose shard needs one batch fewer runs a padding batch,
+so every rank runs the same number of batches (FSDP needs that: each forward is a collective);
+its values are dropped, so every sample counts exactly once.
 """
 
 import contextlib
@@ -259,26 +260,35 @@ def seed_generators(seed: int, epoch: int, position: int, names: Iterable[str] =
         numpy.random.seed(mixed % 2**32)
 
 
+def evaluated_samples(size: int, samples: int) -> Sequence[int]:
+    """The indices of a split that its evaluations use: all `size` of them, or (--eval-batches) `samples`
+    of them, in dataset order. The subset is drawn by a fixed seed, not --seed: the same samples for
+    every evaluation, every number of ranks, and runs with other seeds, so their figures compare."""
+    if not samples or samples >= size:
+        return range(size)
+    return sorted(Shuffle(size, seed=0, epoch=0)(torch.arange(samples)).tolist())
+
+
 class EvalBatchSampler(Sampler[list[int]]):
-    """Rank r's share of an evaluation set, samples r, r + N, r + 2N, ..., in batches.
+    """Rank r's share of the samples an evaluation uses, samples[r], samples[r + N], ..., in batches.
 
     Every rank runs as many batches as the rank with the most: one short of that gets a padding
     batch (a repeated sample) after its `real_batches`, whose values the loop drops.
     """
 
-    def __init__(self, dataset_size: int, batch_size: int, rank: int, world_size: int) -> None:
-        self.dataset_size = dataset_size
+    def __init__(self, samples: Sequence[int], batch_size: int, rank: int, world_size: int) -> None:
         self.batch_size = batch_size
-        self.shard = range(rank, dataset_size, world_size)  # a range: no list of a large split is built
+        self.shard = samples[rank::world_size]  # a range stays a range: no list of a large split is built
         self.real_size = len(self.shard)
         self.real_batches = -(-self.real_size // batch_size)
-        self.batches = -(-len(range(0, dataset_size, world_size)) // batch_size)  # the longest shard's
+        self.batches = -(-len(samples[::world_size]) // batch_size)  # the longest shard's
+        self.padding = [samples[0]]
 
     def __iter__(self) -> Iterator[list[int]]:
         for start in range(0, self.real_size, self.batch_size):
             yield list(self.shard[start : start + self.batch_size])
         for _ in range(self.batches - self.real_batches):
-            yield [0]
+            yield self.padding
 
     def __len__(self) -> int:
         return self.batches

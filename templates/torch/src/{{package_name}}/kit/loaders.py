@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .. import distributed
 from .config import TrainConfig
 from .errors import ConfigError, DataError, in_your_code, in_your_files, user_code_error
-from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples
+from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples, evaluated_samples
 from .streaming import EvalStream, TrainStream
 
 # Where torch's default_collate is defined: an error that passed through there was raised by it.
@@ -33,11 +33,11 @@ DEFAULT_COLLATE_FILE = Path(default_collate.__code__.co_filename)
 
 
 class Loaders:
-    """This rank's loaders of the train, val and test splits."""
+    """This rank's loaders of the train, val and test splits (no test loader when data.py has no test set)."""
 
     def __init__(
         self,
-        datasets: tuple[Dataset, Dataset, Dataset],
+        datasets: tuple[Dataset, Dataset, Dataset | None],
         config: TrainConfig,
         rank: int,
         world_size: int,
@@ -76,8 +76,8 @@ class Loaders:
             self.train = self.make_loader(
                 SeededSamples(train, config.seed), batch_sampler=self.sampler, collate_fn=self.collate
             )
-        self.val = self._evaluation(val, "val", config.eval_batch_size, rank, world_size)
-        self.test = self._evaluation(test, "test", config.eval_batch_size, rank, world_size)
+        self.val = self._evaluation(val, "val", config, rank, world_size)
+        self.test = self._evaluation(test, "test", config, rank, world_size) if test is not None else None
 
     def start_epoch(self, epoch: int, first: int) -> Iterator[Any]:
         """This rank's updates of `epoch`, from update `first` (a resumed run) on."""
@@ -123,6 +123,7 @@ class Loaders:
     def evaluation_batches(self, split: str) -> Iterator[tuple[Any, bool, int]]:
         """The batches of `split` ("val", "test") on this rank, on the device: (batch, padding, samples)."""
         loader = self.val if split == "val" else self.test
+        assert loader is not None, "data.py has no test set: nothing to test"
         batches = iter(loader)
         if isinstance(loader.dataset, EvalStream):
             while (element := self._next(batches)) is not None:
@@ -153,11 +154,14 @@ class Loaders:
         except Exception as error:
             raise user_code_error(error, "loading a batch") from None
 
-    def _evaluation(self, dataset: Dataset, split: str, batch_size: int, rank: int, world_size: int) -> DataLoader:
+    def _evaluation(self, dataset: Dataset, split: str, config: TrainConfig, rank: int, world_size: int) -> DataLoader:
+        batch_size = config.eval_batch_size
+        limit = config.eval_batches * batch_size  # --eval-batches: the samples evaluated; 0: all
         if isinstance(dataset, IterableDataset):
-            stream = EvalStream(dataset, batch_size, rank, world_size, split)
+            stream = EvalStream(dataset, batch_size, rank, world_size, split, limit)
             return self.make_loader(stream, batch_size=None, collate_fn=stream.collater(self.collate))
-        sampler = EvalBatchSampler(split_size(dataset, split), batch_size, rank, world_size)
+        samples = evaluated_samples(split_size(dataset, split), limit)
+        sampler = EvalBatchSampler(samples, batch_size, rank, world_size)
         return self.make_loader(IndexedSamples(dataset), batch_sampler=sampler, collate_fn=self.collate)
 
 
