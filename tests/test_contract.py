@@ -250,8 +250,9 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
     assert two["val_samples"] == 251
 
 
-def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_ranks_with_resume(tabular, tmp_path):
-    # data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
+def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_ranks_with_resume(tabular, tmp_path):
+    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2 ranks
+    # train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
     # sees their ids, gathered from every rank: the same 80 (not the first 80) at every evaluation, on
     # 1 and 2 ranks. --monitor-mode max makes epoch 1 the best, before the 2-rank run stops and
     # resumes: the summary gives that epoch's val figures, which the checkpoint must have kept.
@@ -259,7 +260,8 @@ def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_ranks_with_res
     edit(project, "data.py", "for size in (600, 251, 257))", "for size in (600, 251)) + (None,)")
     code = '"id_code": float(hash(tuple(gathered["id"].tolist())) % 2**40), "ids_in_order"'
     edit(project, "metrics.py", '"ids_in_order"', code)
-    flags = ("--epochs", "3", "--eval-batch-size", "16", "--eval-batches", "5", "--monitor-mode", "max")
+    flags = ("--epochs", "3", "--steps-per-epoch", "4", "--eval-batch-size", "16", "--eval-batches", "5")
+    flags += ("--monitor-mode", "max")
     in_parallel(
         lambda: train_torch(project, tmp_path / "one", *flags),
         lambda: train_torch(project, tmp_path / "two", *flags, "--stop-after-epoch", "2", ranks=2),
@@ -267,6 +269,7 @@ def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_ranks_with_res
     train_torch(project, tmp_path / "two", *flags, "--resume", ranks=2)
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     assert {record["val_id_code"] for record in one + two} == {one[0]["val_id_code"]}
+    assert [record["step"] for record in one] == [record["step"] for record in two] == [4, 8, 12]
     assert all(record["val_samples"] == 80 and record["val_ids_in_order"] == 0.0 for record in one + two)
     for run_dir in ("one", "two"):
         summary = json.loads((tmp_path / run_dir / "summary.json").read_text())

@@ -246,8 +246,9 @@ def test_gathered_rows_come_back_in_dataset_order_from_every_replica(tmp_path):
     assert record["val_targets_in_order"] == 1.0 and record["val_samples"] == 251
 
 
-def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_replicas_with_resume(tmp_path):
-    # data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
+def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_replicas_with_resume(tmp_path):
+    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2 replicas
+    # train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
     # sees their targets, gathered from every replica: the same 80 (not the first 80) at every evaluation,
     # on 1 and 2 replicas. --monitor-mode max makes epoch 1 the best, before the 2-replica run stops and
     # resumes: the summary gives that epoch's val figures, which the checkpoint must have kept.
@@ -257,7 +258,8 @@ def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_replicas_with_
     code = '"targets_code": float(hash(tuple(gathered["targets"].tolist())) % 2**40), "targets_in_order"'
     edit(project, "metrics.py", '"targets_in_order"', code)
     edit(project, "metrics.py", "build_datasets(TrainConfig())[1]])", "build_datasets(TrainConfig())[1]][:80])")
-    flags = ("--epochs", "3", "--eval-batch-size", "16", "--eval-batches", "5", "--monitor-mode", "max")
+    flags = ("--epochs", "3", "--steps-per-epoch", "4", "--eval-batch-size", "16", "--eval-batches", "5")
+    flags += ("--monitor-mode", "max")
     in_parallel(
         lambda: train_tf(project, tmp_path / "one", *flags),
         lambda: train_tf(project, tmp_path / "two", *flags, "--stop-after-epoch", "2", replicas=2),
@@ -265,6 +267,7 @@ def test_eval_batches_and_a_run_without_a_test_set_on_one_and_two_replicas_with_
     train_tf(project, tmp_path / "two", *flags, "--resume", replicas=2)
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     assert {record["val_targets_code"] for record in one + two} == {one[0]["val_targets_code"]}
+    assert [record["step"] for record in one] == [record["step"] for record in two] == [4, 8, 12]
     assert all(record["val_samples"] == 80 and record["val_targets_in_order"] == 0.0 for record in one + two)
     for run_dir in ("one", "two"):
         summary = json.loads((tmp_path / run_dir / "summary.json").read_text())

@@ -21,9 +21,11 @@ def sampling(tmp_path_factory):
         sys.path.remove(str(destination / "src"))
 
 
-def epoch_order(sampling, size, batch, accum=1, ranks=1, seed=0, epoch=0, start=0):
+def epoch_order(sampling, size, batch, accum=1, ranks=1, seed=0, epoch=0, start=0, steps_per_epoch=0):
     """Per global batch, the indices every rank and micro-step saw, in one-process order."""
-    samplers = [sampling.GlobalBatchSampler(size, batch, accum, rank, ranks, seed) for rank in range(ranks)]
+    samplers = [
+        sampling.GlobalBatchSampler(size, batch, accum, rank, ranks, seed, steps_per_epoch) for rank in range(ranks)
+    ]
     streams = []
     for sampler in samplers:
         sampler.set_epoch(epoch, start)
@@ -83,6 +85,20 @@ def test_a_huge_train_set_never_builds_its_permutation(sampling, monkeypatch):
     first = next(iter(sampler))
     assert len(first) == 512 and all(0 <= index < 10**9 for _, index in first)
     assert asked == [sampling.Shuffle.CHUNK]
+
+
+def test_steps_per_epoch_takes_the_first_batches_of_each_epochs_own_order(sampling):
+    whole = [epoch_order(sampling, 1003, 64, epoch=epoch) for epoch in range(2)]
+    for ranks, accum in [(1, 1), (2, 2)]:
+        for epoch in range(2):
+            sampler = sampling.GlobalBatchSampler(1003, 64, accum, 0, ranks, 0, steps_per_epoch=5)
+            assert sampler.updates_per_epoch == 5 and sampler.samples_between(0, 5) == 320
+            capped = epoch_order(sampling, 1003, 64, accum, ranks, epoch=epoch, steps_per_epoch=5)
+            assert capped == whole[epoch][:5]
+            assert epoch_order(sampling, 1003, 64, accum, ranks, epoch=epoch, start=3, steps_per_epoch=5) == capped[3:]
+    assert whole[0][:5] != whole[1][:5]  # each epoch trains on another part of the set
+    # A cap beyond the set changes nothing (16 updates, the short last one kept).
+    assert sampling.GlobalBatchSampler(1003, 64, 1, 0, 1, 0, steps_per_epoch=99).updates_per_epoch == 16
 
 
 def test_evaluation_shards_cover_the_split_once_and_pad_to_the_longest(sampling):

@@ -1,6 +1,6 @@
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
-FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "steps_per_epoch", "seed")
 
 
 def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:

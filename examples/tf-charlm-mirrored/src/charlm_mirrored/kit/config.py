@@ -37,6 +37,13 @@ class TrainConfig(Settings):
             "part-way. 0: train for --epochs."
         },
     )
+    steps_per_epoch: int = field(
+        default=0,
+        metadata={
+            "help": "End each epoch after this many updates, drawn from that epoch's own shuffle of the train set "
+            "(for a train set too large to pass over between validations). 0: the whole train set."
+        },
+    )
     global_batch_size: int = field(
         default=64,
         metadata={"help": "Samples per optimizer update, summed over all replicas and accumulation steps."},
@@ -189,6 +196,7 @@ class TrainConfig(Settings):
             "max_grad_norm",
             "shuffle_buffer",
             "eval_batches",
+            "steps_per_epoch",
             "cpu_replicas",
             "early_stop_patience",
             "stop_after_epoch",
@@ -240,7 +248,7 @@ class TrainConfig(Settings):
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
-FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "steps_per_epoch", "seed")
 
 
 def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:

@@ -37,6 +37,13 @@ class TrainConfig(Settings):
             "part-way. 0: train for --epochs."
         },
     )
+    steps_per_epoch: int = field(
+        default=0,
+        metadata={
+            "help": "End each epoch after this many updates, drawn from that epoch's own shuffle of the train set "
+            "(for a train set too large to pass over between validations). 0: the whole train set."
+        },
+    )
     global_batch_size: int = field(
         default=64,
         metadata={"help": "Samples per optimizer update, summed over all ranks and accumulation steps."},
@@ -200,7 +207,7 @@ class TrainConfig(Settings):
                 raise ConfigError(f"{where[name]} must be at least 1, got {getattr(self, name)}")
         non_negative = ["lr", "weight_decay", "warmup_steps", "min_lr", "max_grad_norm", "early_stop_patience"]
         non_negative += ["stop_after_epoch", "stop_after_step", "checkpoint_every", "eval_every", "eval_batches"]
-        non_negative += ["max_steps"]
+        non_negative += ["max_steps", "steps_per_epoch"]
         for name in non_negative:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -245,7 +252,7 @@ class TrainConfig(Settings):
 
 # Settings baked into the optimizer, the schedule or the data order: a resumed run must keep them.
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "schedule", "warmup_steps", "min_lr", "ema_decay")
-FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "seed")
+FIXED_FOR_A_RUN = (*OPTIMIZER_SETTINGS, "global_batch_size", "steps_per_epoch", "seed")
 
 
 def check_min_lr(config: TrainConfig, where: dict[str, str]) -> None:

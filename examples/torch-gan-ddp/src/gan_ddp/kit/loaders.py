@@ -67,6 +67,11 @@ class Loaders:
                     "data.py's train set is a stream (an IterableDataset) of unknown length: train it for "
                     "--max-steps updates; passes over the stream follow one another until then"
                 )
+            if config.steps_per_epoch:
+                raise ConfigError(
+                    "--steps-per-epoch: data.py's train set is a stream, whose epoch is --max-steps updates; drop "
+                    "the flag, or give a map-style Dataset"
+                )
             self.stream = TrainStream(train, config, rank, world_size)
             self.updates_per_epoch = config.max_steps  # a streamed run is one epoch of --max-steps updates
             self.train = self.make_loader(self.stream, batch_size=None, collate_fn=self.stream.collater(self.collate))
@@ -173,7 +178,8 @@ def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: i
             f"--global-batch-size {config.global_batch_size} is larger than the train set ({size} samples); "
             "lower it, or add data"
         )
-    sampler = GlobalBatchSampler(size, config.global_batch_size, config.grad_accum_steps, rank, world_size, config.seed)
+    batches = (config.global_batch_size, config.grad_accum_steps)
+    sampler = GlobalBatchSampler(size, *batches, rank, world_size, config.seed, config.steps_per_epoch)
     if sampler.updates_per_epoch == 0:
         raise DataError(
             f"data.py: the train set has {size} samples, too few for one update split over "

@@ -1,6 +1,7 @@
 """Which samples of a map-style data set each rank sees. Managed by the looptpl template: edit data.py instead.
 
-Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches;
+Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches
+(with --steps-per-epoch, only its first ones: each epoch a different part of a large train set);
 each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
 its own. The union over ranks and micro-steps is exactly the global batch that a single process
 would see, so N ranks train like 1 rank with the same global batch. A run resumed part-way through
@@ -39,7 +40,14 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Yields this rank's micro-batches of indices, `grad_accum_steps` per optimizer update."""
 
     def __init__(
-        self, dataset_size: int, global_batch_size: int, grad_accum_steps: int, rank: int, world_size: int, seed: int
+        self,
+        dataset_size: int,
+        global_batch_size: int,
+        grad_accum_steps: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        steps_per_epoch: int = 0,
     ) -> None:
         self.dataset_size = dataset_size
         self.global_batch_size = global_batch_size
@@ -54,6 +62,8 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         full, rest = divmod(dataset_size, global_batch_size)
         self.updates_per_epoch = full + (1 if rest >= self.splits else 0)
         self.samples_per_epoch = full * global_batch_size + (rest if rest >= self.splits else 0)
+        if 0 < steps_per_epoch < self.updates_per_epoch:  # --steps-per-epoch: the first updates of each epoch's order
+            self.updates_per_epoch, self.samples_per_epoch = steps_per_epoch, steps_per_epoch * global_batch_size
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Reshuffle: each epoch has its own permutation, the same on every rank. A resumed epoch skips

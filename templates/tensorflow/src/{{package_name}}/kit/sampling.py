@@ -1,7 +1,8 @@
 """Which samples each replica sees. Managed by the looptpl template: edit data.py instead.
 
 Training: every epoch, one seeded shuffle of the train set, the same in every run, on every
-worker and after --resume, is cut into global batches of --global-batch-size samples, and each
+worker and after --resume, is cut into global batches of --global-batch-size samples (with
+--steps-per-epoch, only the first ones: each epoch a different part of a large train set), and each
 global batch into one near-equal part per replica. Every worker reads the whole order and feeds
 its own replicas their parts in turn, so the union over all replicas is exactly the global batch
 one replica would see. A short last batch is kept if each micro-batch of each replica gets at
@@ -63,6 +64,11 @@ class TrainSplit:
                     "data.py's train set is a stream (a tf.data.Dataset of unknown size): train it for --max-steps "
                     "updates, or state its size with .apply(tf.data.experimental.assert_cardinality(number))"
                 )
+            if config.steps_per_epoch:
+                raise ConfigError(
+                    "--steps-per-epoch: data.py's train set is a stream, whose epoch is --max-steps updates; drop "
+                    "the flag, or state the stream's size with .apply(tf.data.experimental.assert_cardinality(number))"
+                )
             if config.shuffle_buffer:
                 raise ConfigError(
                     "--shuffle-buffer: data.py's train set is a stream, which is trained in its order; drop the "
@@ -86,6 +92,9 @@ class TrainSplit:
         keep_short = rest >= self.splits  # every micro-batch of a short last batch gets a sample
         self.updates_per_epoch = full + keep_short
         self.samples_per_epoch = self.size if keep_short else full * config.global_batch_size
+        if 0 < config.steps_per_epoch < self.updates_per_epoch:  # the first updates of each epoch's shuffle
+            self.updates_per_epoch = config.steps_per_epoch
+            self.samples_per_epoch = config.steps_per_epoch * config.global_batch_size
 
     def distribute(self, epoch: int, start: int) -> Any:
         """Epoch `epoch` from global batch `start` on (a resumed epoch); a stream from its saved position on."""
