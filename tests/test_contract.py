@@ -168,6 +168,34 @@ def test_activation_checkpointing_names_what_model_py_must_give(lm, tmp_path):
         assert "model.py: checkpoint_units(model) must return a list of the model's blocks; " + message in result.stdout
 
 
+def test_token_windows_train_alike_on_one_and_two_ranks_and_resume_exactly(lm, tmp_path):
+    # docs/todos.md's token windows in the language model: windows at every offset of a token file,
+    # epochs of 6 updates drawn from each epoch's shuffle, validation on 2 fixed batches of windows.
+    # 1 rank, and 2 ranks stopped mid-epoch 2 then resumed, must train the same weights.
+    project = copy_project(lm, tmp_path / "windows")
+    write_blocks(project, doc_blocks("Token windows (GPT-style pretraining)"))
+    flags = ("--epochs", "2", "--steps-per-epoch", "6", "--eval-batches", "2", "--eval-batch-size", "16")
+    flags += ("--corpus-bytes", "60000", "--max-bytes", "32", "--width", "32", "--layers", "1", "--heads", "2")
+    flags += ("--global-batch-size", "16", "--warmup-steps", "2", "--train-in-eval-mode")
+    one, two = tmp_path / "one", tmp_path / "two"
+    in_parallel(
+        lambda: train_torch(project, one, *flags, "--data-dir", str(tmp_path / "data-one")),
+        lambda: train_torch(
+            project, two, *flags, "--data-dir", str(tmp_path / "data-two"), "--stop-after-step", "9", ranks=2
+        ),
+    )
+    train_torch(project, two, *flags, "--data-dir", str(tmp_path / "data-two"), "--resume", ranks=2)
+    assert relative_difference(trained_weights(one), trained_weights(two)) < LM_TOLERANCE
+    assert [record["step"] for record in records(one)] == [record["step"] for record in records(two)] == [6, 12]
+    assert all(record["val_tokens"] == 2 * 16 * 32 for record in records(one) + records(two))
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["val_loss"] == pytest.approx(records(one)[summary["best_epoch"] - 1]["val_loss"], rel=1e-5)
+    assert sorted(path.name for path in (tmp_path / "data-one").iterdir()) == [
+        "stdlib-60000-train.bin",
+        "stdlib-60000-val.bin",
+    ]
+
+
 @pytest.fixture(scope="module")
 def gan(tmp_path_factory) -> Path:
     return copy_project(GAN, tmp_path_factory.mktemp("gan") / "project")
@@ -251,11 +279,12 @@ def test_a_non_decomposable_metric_is_exact_on_two_ranks(tabular, tmp_path):
 
 
 def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_ranks_with_resume(tabular, tmp_path):
-    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2 ranks
-    # train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
-    # sees their ids, gathered from every rank: the same 80 (not the first 80) at every evaluation, on
-    # 1 and 2 ranks. --monitor-mode max makes epoch 1 the best, before the 2-rank run stops and
-    # resumes: the summary gives that epoch's val figures, which the checkpoint must have kept.
+    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2
+    # ranks train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of
+    # the 251 val samples. metrics.py sees their ids, gathered from every rank: the same 80 (not the
+    # first 80) at every evaluation, on 1 and 2 ranks. --monitor-mode max makes epoch 1 the best, before
+    # the 2-rank run stops and resumes: the summary gives that epoch's val figures, which the checkpoint
+    # must have kept.
     project = copy_project(tabular, tmp_path / "project")
     edit(project, "data.py", "for size in (600, 251, 257))", "for size in (600, 251)) + (None,)")
     code = '"id_code": float(hash(tuple(gathered["id"].tolist())) % 2**40), "ids_in_order"'

@@ -247,11 +247,12 @@ def test_gathered_rows_come_back_in_dataset_order_from_every_replica(tmp_path):
 
 
 def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_replicas_with_resume(tmp_path):
-    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2 replicas
-    # train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of the 251 val samples. metrics.py
-    # sees their targets, gathered from every replica: the same 80 (not the first 80) at every evaluation,
-    # on 1 and 2 replicas. --monitor-mode max makes epoch 1 the best, before the 2-replica run stops and
-    # resumes: the summary gives that epoch's val figures, which the checkpoint must have kept.
+    # Epochs of 4 updates (--steps-per-epoch), each from its own shuffle of the train set; 1 and 2
+    # replicas train the same updates. data.py gives no test set; --eval-batches 5 of 16 evaluates 80 of
+    # the 251 val samples. metrics.py sees their targets, gathered from every replica: the same 80 (not the
+    # first 80) at every evaluation, on 1 and 2 replicas. --monitor-mode max makes epoch 1 the best, before
+    # the 2-replica run stops and resumes: the summary gives that epoch's val figures, which the checkpoint
+    # must have kept.
     project = mirrored_project(tmp_path, "subset")
     edit(project, "data.py", "make_split(251), make_split(257)", "make_split(251), None")
     write_blocks(project, {"metrics.py": GATHERED_TARGETS}, append=("metrics.py",))

@@ -11,7 +11,7 @@ from .kit.config import TrainConfig
 
 def build_schedule(config: TrainConfig, total_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:
     """Build the learning rate as a function of the optimizer updates done (`total_steps` in all)."""
-    return WarmupSchedule(config.lr, config.schedule, config.warmup_steps, total_steps)
+    return WarmupSchedule(config.lr, config.schedule, config.warmup_steps, total_steps, min_lr=config.min_lr)
 
 
 def build_optimizer(

@@ -26,4 +26,4 @@ def build_scheduler(
 
     With a dict of optimizers, return a dict of schedules with the same names.
     """
-    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps)
+    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps, min_lr=config.min_lr)

@@ -19,4 +19,4 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """Build the schedule, stepped once per optimizer update (`total_steps` updates in all)."""
-    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps)
+    return warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps, min_lr=config.min_lr)

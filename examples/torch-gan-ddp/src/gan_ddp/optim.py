@@ -23,6 +23,6 @@ def build_scheduler(
 ) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
     """A schedule per optimizer, stepped once per update (`total_steps` updates in all)."""
     return {
-        name: warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps)
+        name: warmup_schedule(optimizer, config.schedule, config.warmup_steps, total_steps, min_lr=config.min_lr)
         for name, optimizer in optimizers.items()
     }
