@@ -132,26 +132,22 @@ def run(config: TrainConfig, runtime: distributed.Runtime) -> int:
 
 
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# data.py's (train, val, test); the test set may be None.
+Datasets = tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset | None]
 
 
 class Trainer:
     """Owns the models, the optimizers and the input pipelines of one run, on this worker."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        runtime: Runtime,
-        datasets: tuple[tf.data.Dataset, tf.data.Dataset, tf.data.Dataset | None],
-    ) -> None:
+    def __init__(self, config: TrainConfig, runtime: Runtime, datasets: Datasets) -> None:
         self.config = config
         self.runtime = runtime
         self.strategy = runtime.strategy
         self.run_dir = Path(config.run_dir)
         train_set, val_set, test_set = datasets
-        splits = {"val": val_set, "test": test_set}  # data.py's test set may be None: no final test
-        eval_sets = {
+        eval_sets = {  # data.py's test set may be None: no final test
             split: distribute_eval(self.strategy, dataset, split, config, make_batches)
-            for split, dataset in splits.items()
+            for split, dataset in (("val", val_set), ("test", test_set))
             if dataset is not None
         }
 
@@ -461,7 +457,7 @@ class Trainer:
             "best_epoch": int(self.early_stopping.best_epoch.numpy()),
             f"best_{self.config.monitor}": self.early_stopping.best_value(),
         }
-        if self.early_stopping.best_validation is not None:
+        if self.early_stopping.best_validation is not None:  # data.py has no test set
             summary.update(self.early_stopping.best_validation.figures)
         else:
             summary.update(tested_checkpoint=self.load_tested(), **self.evaluate("test"))
