@@ -162,11 +162,12 @@ def test_a_pass_too_short_for_every_micro_batch_is_dropped_and_resume_goes_on_wh
 
 
 def test_evaluation_shards_cover_the_stream_once_and_pad_to_the_longest(streaming):
-    for size, batch, ranks in [(251, 16, 2), (3, 2, 4), (1000, 100, 3)]:
+    # The last case is --eval-batches 3 of 16 over a stream of 1000: its first 48 items.
+    for size, batch, ranks, limit in [(251, 16, 2, 0), (3, 2, 4, 0), (1000, 100, 3, 0), (1000, 16, 3, 48)]:
         seen, lengths = [], set()
         for rank in range(ranks):
             for workers in (0, 2):
-                stream = streaming.EvalStream(range(size), batch, rank, ranks, "val")
+                stream = streaming.EvalStream(range(size), batch, rank, ranks, "val", limit)
                 loader = DataLoader(stream, batch_size=None, num_workers=workers, collate_fn=stream.collater(list))
                 elements = list(loader)
                 lengths.add(len(elements))
@@ -174,8 +175,10 @@ def test_evaluation_shards_cover_the_stream_once_and_pad_to_the_longest(streamin
                 assert elements[: len(real)] == real  # padding comes last
                 if workers == 0:
                     seen += [item for element in real for item in element["batch"]]
-                    assert [item for element in real for item in element["batch"]] == list(range(rank, size, ranks))
-        assert sorted(seen) == list(range(size)) and len(lengths) == 1
+                    assert [item for element in real for item in element["batch"]] == list(
+                        range(rank, limit or size, ranks)
+                    )
+        assert sorted(seen) == list(range(limit or size)) and len(lengths) == 1
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ def sampling(streamed):
 
 def settings(**changed: int) -> SimpleNamespace:
     values = {"global_batch_size": 10, "grad_accum_steps": 1, "max_steps": 40, "shuffle_buffer": 0, "seed": 0}
+    values |= {"steps_per_epoch": 0, "eval_batch_size": 4, "eval_batches": 0}
     return SimpleNamespace(**{**values, **changed})
 
 
@@ -122,11 +123,13 @@ def test_a_stream_is_refused_in_one_line_where_it_cannot_work(sampling):
         stream_of(sampling, 103, max_steps=0)
     with pytest.raises(errors.ConfigError, match=r"--shuffle-buffer: data\.py's train set is a stream"):
         stream_of(sampling, 103, shuffle_buffer=50)
+    with pytest.raises(errors.ConfigError, match=r"--steps-per-epoch: data\.py's train set is a stream"):
+        stream_of(sampling, 103, steps_per_epoch=5)
     with pytest.raises(errors.DataError, match=r"the train stream gave no global batch \(fewer than 4 samples"):
         stream_of(sampling, 3, grad_accum_steps=4)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with pytest.raises(errors.DataError, match="the val dataset repeats forever"):
-        sampling.distribute_eval(strategy, tf.data.Dataset.range(5).repeat(), "val", 4, sampling.make_batches)
+        sampling.distribute_eval(strategy, tf.data.Dataset.range(5).repeat(), "val", settings(), sampling.make_batches)
 
 
 @pytest.mark.slow
