@@ -24,6 +24,7 @@ EXAMPLES = [
         "torch-gan-ddp",
         "tf-gan-mirrored",
         "tf-charlm-mirrored",
+        "torch-gpt-ddp",
     )
 ]
 

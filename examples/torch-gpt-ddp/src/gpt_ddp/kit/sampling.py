@@ -1,0 +1,304 @@
+"""Which samples of a map-style data set each rank sees. Managed by the looptpl template: edit data.py instead.
+
+Training: every epoch one seeded permutation, identical on all ranks, is cut into global batches
+(with --steps-per-epoch, only its first ones: each epoch a different part of a large train set);
+each global batch is split into `world_size * grad_accum_steps` micro-batches and each rank takes
+its own. The union over ranks and micro-steps is exactly the global batch that a single process
+would see, so N ranks train like 1 rank with the same global batch. A run resumed part-way through
+an epoch starts at the global batch where it stopped. The permutation (shuffle.py) is computed a
+few thousand positions at a time, so a train set of 10^8 samples starts as quickly as a small one.
+
+Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
+sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
+and after a resume. Only the generators data.py is seen to draw from are seeded, so a data set
+without random draws pays nothing for it.
+
+Evaluation: rank r takes samples r, r + N, r + 2N, ... of the split (of its --eval-batches subset,
+drawn once in `evaluated_samples`). A rank whose shard needs one batch fewer runs a padding batch,
+so every rank runs the same number of batches (FSDP needs that: each forward is a collective);
+its values are dropped, so every sample counts exactly once.
+"""
+
+import contextlib
+import ctypes
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from .shuffle import Shuffle
+
+try:  # data.py may draw from NumPy's global generator: it is seeded per sample too
+    import numpy
+except ImportError:
+    numpy = None  # type: ignore[assignment]
+
+
+class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Yields this rank's micro-batches of indices, `grad_accum_steps` per optimizer update."""
+
+    def __init__(
+        self,
+        dataset_size: int,
+        global_batch_size: int,
+        grad_accum_steps: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        steps_per_epoch: int = 0,
+    ) -> None:
+        self.dataset_size = dataset_size
+        self.global_batch_size = global_batch_size
+        self.splits = world_size * grad_accum_steps
+        self.grad_accum_steps = grad_accum_steps
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.epoch = 0
+        self.start = 0  # global batches of this epoch already trained on (a resumed run)
+        # A short last global batch is kept if every micro-batch gets at least one sample.
+        full, rest = divmod(dataset_size, global_batch_size)
+        self.updates_per_epoch = full + (1 if rest >= self.splits else 0)
+        self.samples_per_epoch = full * global_batch_size + (rest if rest >= self.splits else 0)
+        if 0 < steps_per_epoch < self.updates_per_epoch:  # --steps-per-epoch: the first updates of each epoch's order
+            self.updates_per_epoch, self.samples_per_epoch = steps_per_epoch, steps_per_epoch * global_batch_size
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Reshuffle: each epoch has its own permutation, the same on every rank. A resumed epoch skips
+        its first `start` global batches."""
+        self.epoch, self.start = epoch, start
+
+    def samples_between(self, first: int, end: int) -> int:
+        """Samples in the global batches `first` to `end - 1` of an epoch (only the last one may be short)."""
+        return min(end * self.global_batch_size, self.samples_per_epoch) - first * self.global_batch_size
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        shuffle = Shuffle(self.dataset_size, self.seed, self.epoch)
+        size = self.global_batch_size
+        per_chunk = max(1, Shuffle.CHUNK // size)  # global batches whose indices are computed together
+        for first in range(self.start, self.updates_per_epoch, per_chunk):
+            positions = torch.arange(first * size, min((first + per_chunk) * size, self.samples_per_epoch))
+            for global_batch in shuffle(positions).split(size):
+                # tensor_split gives near-equal parts, so a short last batch is spread evenly.
+                parts = global_batch.tensor_split(self.splits)
+                for micro_step in range(self.grad_accum_steps):
+                    # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
+                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
+
+    def __len__(self) -> int:
+        return (self.updates_per_epoch - self.start) * self.grad_accum_steps
+
+
+class Samples(list[Any]):
+    """The items of a batch, as the dataset gave them, with their indices in it: collate receives this
+    list, and an item it cannot batch is named by its index in the dataset."""
+
+    def __init__(self, items: Iterable[Any], indices: Sequence[int] = ()) -> None:
+        super().__init__(items)
+        self.indices = indices
+
+
+class SeededSamples(Dataset):
+    """data.py's train set, each sample loaded with random generators seeded from (--seed, epoch, index).
+
+    A DataLoader worker's generators would otherwise depend on which worker loads a sample and on
+    what it loaded before: a resumed run, or another --num-workers, would augment differently.
+    The caller's generators are restored after each batch (with no workers, torch's drives
+    dropout on the CPU). Only CPU generators are seeded: data.py runs on the CPU, and a GPU's
+    generator, which drives dropout there, is left alone.
+
+    Seeding three generators for every sample costs more than loading a small one, so only the
+    generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
+    moved another generator, it is loaded again with that one seeded too, and so are all that follow.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.seeded: set[str] = set()  # the generators data.py was seen to draw from
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
+        """The samples of a batch (the DataLoader asks for a whole batch at once)."""
+        indices = [index for _, index in keys]
+        callers = generator_states()
+        try:
+            while True:
+                items = self._load(keys) if self.seeded else [self.dataset[index] for index in indices]
+                drawn = moved_since(callers, GENERATORS - self.seeded)
+                if not drawn:  # then seeding the others would have changed nothing
+                    restore_generators(callers, self.seeded)  # the others are as they were
+                    return Samples(items, indices)
+                self.seeded |= drawn
+        except BaseException:
+            restore_generators(callers, GENERATORS)
+            raise
+
+    def _load(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """The samples, each loaded with the generators in `self.seeded` seeded for it."""
+        items = []
+        for epoch, index in keys:
+            seed_generators(self.seed, epoch, index, self.seeded)
+            items.append(self.dataset[index])
+        return items
+
+
+class IndexedSamples(Dataset):
+    """An evaluation set whose batches of items carry their dataset indices, as SeededSamples' do."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """The samples of a batch, fetched together where data.py's dataset can (its own __getitems__)."""
+        fetch = getattr(self.dataset, "__getitems__", None)
+        items = fetch(indices) if fetch is not None else [self.dataset[index] for index in indices]
+        return Samples(items, indices) if isinstance(items, list) else items
+
+
+GENERATORS = frozenset({"torch", "python", "numpy"} if numpy else {"torch", "python"})
+
+
+def generator_states() -> dict[str, Any]:
+    """The states of the CPU generators data.py may draw from: torch's, Python's and NumPy's."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if numpy:
+        states["numpy"] = _numpy_state.get()
+    return states
+
+
+class NumpyState:
+    """`numpy.random.get_state()`, taken again only when it may have changed.
+
+    get_state() copies the generator into new arrays (60 us, more than loading a small sample, and
+    SeededSamples needs it twice a batch). The Mersenne Twister behind NumPy's global functions is
+    read in place instead (NumPy's ctypes interface: its 624 keys and position, under a microsecond):
+    while it has not moved, the state is the one taken last, unless a Gaussian was cached then
+    (drawing that one moves nothing but the cache).
+    """
+
+    TWISTER_BYTES = 624 * 4 + 4  # NumPy's mt19937_state: uint32 key[624]; int pos
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.twister: bytes | None = None
+        self.readable: bool | None = None  # whether the twister reads as get_state() says; checked once
+
+    def get(self) -> Any:
+        twister = self.read_twister()
+        if twister is None or twister != self.twister or self.state[3]:  # [3]: a Gaussian is cached
+            self.state, self.twister = numpy.random.get_state(), twister
+        return self.state
+
+    def read_twister(self) -> bytes | None:
+        """The generator's keys and position as bytes; None where it cannot be read so (another generator)."""
+        generator = getattr(numpy.random, "get_bit_generator", lambda: None)()  # NumPy >= 1.25
+        if type(generator) is not numpy.random.MT19937 or self.readable is False:
+            return None  # numpy.random.set_bit_generator() chose another, or an older NumPy
+        twister = ctypes.string_at(generator.ctypes.state_address, self.TWISTER_BYTES)
+        if self.readable is None:
+            state: Any = numpy.random.get_state()  # ("MT19937", keys, position, has_gauss, cached_gaussian)
+            position = int(state[2]).to_bytes(4, "little", signed=True)
+            self.readable = twister == state[1].astype("<u4").tobytes() + position
+        return twister if self.readable else None
+
+
+_numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
+
+
+def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
+    """Set the generators `names` back to `states`."""
+    for name in names:
+        if name == "torch":
+            torch.set_rng_state(states["torch"])
+        elif name == "python":
+            random.setstate(states["python"])
+        else:
+            numpy.random.set_state(states["numpy"])
+
+
+@contextlib.contextmanager
+def callers_generators_kept() -> Iterator[None]:
+    """Restore torch's CPU generator, Python's and NumPy's afterwards: with no DataLoader workers
+    they drive dropout and the like in the training process."""
+    states = generator_states()
+    try:
+        yield
+    finally:
+        restore_generators(states, GENERATORS)
+
+
+def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
+    """Those of the generators `names` that drew since they had `states`."""
+    now = generator_states()
+    return {name for name in names if not _same(name, now[name], states[name])}
+
+
+def _same(name: str, left: Any, right: Any) -> bool:
+    if left is right:  # NumPy's state, not taken again (NumpyState)
+        return True
+    if name == "torch":
+        return torch.equal(left, right)
+    if name == "numpy":  # ("MT19937", its keys as an array, position, has_gauss, cached_gaussian)
+        return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
+    # Python's: (version, its 624 keys and position, cached Gaussian). A draw moves the position; the keys
+    # are all remade every 624 draws, so equal positions and first keys mean no draw (a chance of 2^-256).
+    return left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8]  # type: ignore[no-any-return]
+
+
+def seed_generators(seed: int, epoch: int, position: int, names: Iterable[str] = GENERATORS) -> None:
+    """Seed the CPU generators `names` (all that data.py may draw from), for the sample at `position` of `epoch`."""
+    mixed = (seed * 1_000_003 + epoch) * 2**32 + position
+    if "torch" in names:  # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower
+        torch.default_generator.manual_seed(mixed % 2**63)
+    if "python" in names:
+        random.seed(mixed)
+    if "numpy" in names:
+        numpy.random.seed(mixed % 2**32)
+
+
+def evaluated_samples(size: int, samples: int) -> Sequence[int]:
+    """The indices of a split that its evaluations use: all `size` of them, or (--eval-batches) `samples`
+    of them, in dataset order. The subset is drawn by a fixed seed, not --seed: the same samples for
+    every evaluation, every number of ranks, and runs with other seeds, so their figures compare."""
+    if not samples or samples >= size:
+        return range(size)
+    return sorted(Shuffle(size, seed=0, epoch=0)(torch.arange(samples)).tolist())
+
+
+class EvalBatchSampler(Sampler[list[int]]):
+    """Rank r's share of the samples an evaluation uses, samples[r], samples[r + N], ..., in batches.
+
+    Every rank runs as many batches as the rank with the most: one short of that gets a padding
+    batch (a repeated sample) after its `real_batches`, whose values the loop drops.
+    """
+
+    def __init__(self, samples: Sequence[int], batch_size: int, rank: int, world_size: int) -> None:
+        self.batch_size = batch_size
+        self.shard = samples[rank::world_size]  # a range stays a range: no list of a large split is built
+        self.real_size = len(self.shard)
+        self.real_batches = -(-self.real_size // batch_size)
+        self.batches = -(-len(samples[::world_size]) // batch_size)  # the longest shard's
+        self.padding = [samples[0]]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for start in range(0, self.real_size, self.batch_size):
+            yield list(self.shard[start : start + self.batch_size])
+        for _ in range(self.batches - self.real_batches):
+            yield self.padding
+
+    def __len__(self) -> int:
+        return self.batches

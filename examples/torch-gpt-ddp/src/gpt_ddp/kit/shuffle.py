@@ -1,0 +1,56 @@
+"""The order of the train set in an epoch. Managed by the looptpl template.
+
+`torch.randperm(n)` would build the whole permutation before the first batch: 8.6 s and 0.8 GB
+at 10^8 samples, again every epoch. `Shuffle` computes the sample at any position on its own, so
+the sampler asks only for the positions it is about to use, and a resumed run starts at its
+position without computing the ones before.
+"""
+
+import random
+
+import torch
+
+
+class Shuffle:
+    """A random permutation of range(size), one per (seed, epoch), computed for given positions only.
+
+    A Feistel network scrambles a position's bits in rounds, each one XOR-ing one half of the bits
+    with a hash of the other half: a one-to-one map of [0, 2^bits). A position it sends past the
+    data set's end is scrambled again (cycle walking) until it lands inside, which keeps the map
+    one-to-one on range(size): every sample comes exactly once per epoch. Nothing as large as the
+    data set is ever held.
+    """
+
+    CHUNK = 1 << 16  # positions computed at once: a few milliseconds, half a megabyte
+    ROUNDS = 6
+
+    def __init__(self, size: int, seed: int, epoch: int) -> None:
+        self.size = size
+        bits = max(1, (size - 1).bit_length())  # under twice the data set: few positions walk again
+        self.low_bits = bits // 2
+        self.masks = ((1 << (bits - self.low_bits)) - 1, (1 << self.low_bits) - 1)  # the high half, the low half
+        draw = random.Random(seed * 1_000_003 + epoch)
+        self.keys = [draw.getrandbits(31) for _ in range(self.ROUNDS)]
+
+    def __call__(self, positions: torch.Tensor) -> torch.Tensor:
+        """The sample index at each position of the epoch."""
+        indices = positions.clone()
+        walking = torch.arange(len(indices))
+        while len(walking):
+            indices[walking] = self._scramble(indices[walking])
+            walking = walking[indices[walking] >= self.size]
+        return indices
+
+    def _scramble(self, values: torch.Tensor) -> torch.Tensor:
+        halves = [values >> self.low_bits, values & self.masks[1]]
+        for round, key in enumerate(self.keys):
+            changed = round % 2
+            halves[changed] ^= _mix(halves[1 - changed], key) & self.masks[changed]
+        return (halves[0] << self.low_bits) | halves[1]
+
+
+def _mix(values: torch.Tensor, key: int) -> torch.Tensor:
+    """A 31-bit integer hash of each value (kept under 2^62 in int64 arithmetic: no overflow)."""
+    mixed = ((values ^ key) * 0x5BD1E995) & 0x7FFFFFFF
+    mixed = ((mixed ^ (mixed >> 15)) * 0x27D4EB2D) & 0x7FFFFFFF
+    return mixed ^ (mixed >> 13)
