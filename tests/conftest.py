@@ -167,3 +167,24 @@ def write_blocks(project: Path, blocks: dict[str, str], append: tuple[str, ...] 
     for name, code in blocks.items():
         path = package / name
         path.write_text((path.read_text() + "\n\n" if name in append else "") + code)
+
+
+# The runs of the --steps-per-epoch, --eval-batches and no-test-set tests, torch and TensorFlow alike.
+SUBSET_FLAGS = ("--epochs", "3", "--steps-per-epoch", "4", "--eval-batch-size", "16", "--eval-batches", "5")
+SUBSET_FLAGS += ("--monitor-mode", "max")  # epoch 1 is the best: before the 2-rank run stops and resumes
+
+
+def check_subset_runs(root: Path, code: str, in_order: str) -> None:
+    """What those tests check of root/one (1 rank or replica) and root/two (2, stopped after epoch 2 and
+    resumed): epochs of 4 updates; at every evaluation the same 80 val samples (`code`, a metric of their
+    gathered rows), not the first 80 (`in_order` is 0); a summary without a test, with epoch 1's val figures."""
+    one, two = records(root / "one"), records(root / "two")
+    assert {record[code] for record in one + two} == {one[0][code]}
+    assert [record["step"] for record in one] == [record["step"] for record in two] == [4, 8, 12]
+    assert all(record["val_samples"] == 80 and record[in_order] == 0.0 for record in one + two)
+    for run_dir in ("one", "two"):
+        summary = json.loads((root / run_dir / "summary.json").read_text())
+        assert summary["best_epoch"] == 1 and "tested_checkpoint" not in summary
+        assert not [name for name in summary if name.startswith("test_")]
+        figures = {name: value for name, value in one[0].items() if name.startswith("val_")}
+        assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)

@@ -19,7 +19,9 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
+    SUBSET_FLAGS,
     answers,
+    check_subset_runs,
     copy_project,
     doc_blocks,
     edit,
@@ -289,23 +291,12 @@ def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_ranks_with_
     edit(project, "data.py", "for size in (600, 251, 257))", "for size in (600, 251)) + (None,)")
     code = '"id_code": float(hash(tuple(gathered["id"].tolist())) % 2**40), "ids_in_order"'
     edit(project, "metrics.py", '"ids_in_order"', code)
-    flags = ("--epochs", "3", "--steps-per-epoch", "4", "--eval-batch-size", "16", "--eval-batches", "5")
-    flags += ("--monitor-mode", "max")
     in_parallel(
-        lambda: train_torch(project, tmp_path / "one", *flags),
-        lambda: train_torch(project, tmp_path / "two", *flags, "--stop-after-epoch", "2", ranks=2),
+        lambda: train_torch(project, tmp_path / "one", *SUBSET_FLAGS),
+        lambda: train_torch(project, tmp_path / "two", *SUBSET_FLAGS, "--stop-after-epoch", "2", ranks=2),
     )
-    train_torch(project, tmp_path / "two", *flags, "--resume", ranks=2)
-    one, two = records(tmp_path / "one"), records(tmp_path / "two")
-    assert {record["val_id_code"] for record in one + two} == {one[0]["val_id_code"]}
-    assert [record["step"] for record in one] == [record["step"] for record in two] == [4, 8, 12]
-    assert all(record["val_samples"] == 80 and record["val_ids_in_order"] == 0.0 for record in one + two)
-    for run_dir in ("one", "two"):
-        summary = json.loads((tmp_path / run_dir / "summary.json").read_text())
-        assert summary["best_epoch"] == 1 and "tested_checkpoint" not in summary
-        assert not [name for name in summary if name.startswith("test_")]
-        figures = {name: value for name, value in one[0].items() if name.startswith("val_")}
-        assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)
+    train_torch(project, tmp_path / "two", *SUBSET_FLAGS, "--resume", ranks=2)
+    check_subset_runs(tmp_path, "val_id_code", "val_ids_in_order")
 
 
 def test_a_frozen_teacher_gets_no_gradient_and_no_optimizer_state(tabular, tmp_path):

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from conftest import (
     REPO_ROOT,
+    SUBSET_FLAGS,
     answers,
+    check_subset_runs,
     copy_project,
     doc_blocks,
     edit,
@@ -259,20 +261,9 @@ def test_steps_per_epoch_eval_batches_and_no_test_set_on_one_and_two_replicas_wi
     code = '"targets_code": float(hash(tuple(gathered["targets"].tolist())) % 2**40), "targets_in_order"'
     edit(project, "metrics.py", '"targets_in_order"', code)
     edit(project, "metrics.py", "build_datasets(TrainConfig())[1]])", "build_datasets(TrainConfig())[1]][:80])")
-    flags = ("--epochs", "3", "--steps-per-epoch", "4", "--eval-batch-size", "16", "--eval-batches", "5")
-    flags += ("--monitor-mode", "max")
     in_parallel(
-        lambda: train_tf(project, tmp_path / "one", *flags),
-        lambda: train_tf(project, tmp_path / "two", *flags, "--stop-after-epoch", "2", replicas=2),
+        lambda: train_tf(project, tmp_path / "one", *SUBSET_FLAGS),
+        lambda: train_tf(project, tmp_path / "two", *SUBSET_FLAGS, "--stop-after-epoch", "2", replicas=2),
     )
-    train_tf(project, tmp_path / "two", *flags, "--resume", replicas=2)
-    one, two = records(tmp_path / "one"), records(tmp_path / "two")
-    assert {record["val_targets_code"] for record in one + two} == {one[0]["val_targets_code"]}
-    assert [record["step"] for record in one] == [record["step"] for record in two] == [4, 8, 12]
-    assert all(record["val_samples"] == 80 and record["val_targets_in_order"] == 0.0 for record in one + two)
-    for run_dir in ("one", "two"):
-        summary = json.loads((tmp_path / run_dir / "summary.json").read_text())
-        assert summary["best_epoch"] == 1 and "tested_checkpoint" not in summary
-        assert not [name for name in summary if name.startswith("test_")]
-        figures = {name: value for name, value in one[0].items() if name.startswith("val_")}
-        assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)
+    train_tf(project, tmp_path / "two", *SUBSET_FLAGS, "--resume", replicas=2)
+    check_subset_runs(tmp_path, "val_targets_code", "val_targets_in_order")
