@@ -63,13 +63,17 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
         build_stages,
         check_all_used,
         check_finite,
+        exact_factor,
+        global_weight,
         grad_norms,
         load_stages_state,
+        loss_totals,
         mean_losses,
         micro_step_losses,
         next_loss,
         only_training,
         stages_state,
+        times,
     )
     from .kit.throughput import Throughput
     from .metrics import dataset_metrics
@@ -340,47 +344,46 @@ class Trainer:
         [loss total, weight] per optimizer and whether any update was applied (`where` names it in messages)."""
         for model in self.wrapped.values():
             distributed.check_trainable(model)  # hooks run between updates
-        # The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / sum_i(w_i), over
-        # every rank and micro-step; the weight sum is only known once every micro-step has run.
+        # The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / W with W = sum_i(w_i),
+        # over every rank and micro-step; W is only known once every micro-step has run.
         multiplier = self.runtime.world_size / self.config.global_batch_size
-        # A micro-batch's step runs up to its first loss; with several optimizers, step.py yields one
-        # loss per stage and is resumed stage by stage, after the previous stage's optimizer stepped.
-        first = self.stages[0].name
+        first = self.stages[0].name  # with several optimizers, step.py yields a loss per stage, in their order
         steps = [micro_step_losses(train_step, self.models, batch, self.config, first) for batch in micro_batches]
         totals = []  # this rank's [loss total, weight] of each stage
         applied = False
         for index, stage in enumerate(self.stages):
-            pairs = []
+            losses = []
             with only_training(stage, self.stages):  # with several optimizers, only this stage's weights
-                for micro_step, losses in enumerate(steps):
+                for micro_step, step in enumerate(steps):
+                    last = micro_step == len(steps) - 1
                     # DDP averages the ranks' gradients in backward(): only on the last micro-step.
-                    with distributed.gradient_sync(stage.models, enabled=micro_step == len(steps) - 1):
+                    with distributed.gradient_sync(stage.models, enabled=last):
                         with self.autocast():
-                            loss = next_loss(losses, stage, self.stages)
+                            losses.append(loss := next_loss(step, stage, self.stages))
+                        if last:  # W is known: its sum over the ranks travels while this backward() runs
+                            weight = global_weight(losses, self.runtime.world_size)
                         # A fixed multiplier c = world_size / --global-batch-size (exact already for one
                         # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
                         stage.scaler.scale(loss.total * multiplier).backward()
-                    pairs.append(torch.stack([loss.total.detach(), loss.weight]))
             self.per = loss.per if index == 0 else self.per  # what a unit of weight is: sample, token
-            totals.append(torch.stack(pairs).double().sum(dim=0))
-            # The exact mean needs one more factor, --global-batch-size / sum_i(w_i), all-reduced on the device (no
-            # host sync): 1 for a full batch of per-sample losses; short batches, padding, masks count exactly.
-            weight = distributed.all_reduce_sum(totals[-1][1].clone())
-            factor = (self.config.global_batch_size / weight.clamp_min(1e-12)).float()
+            totals.append(loss_totals(losses))
+            # The exact mean: times --global-batch-size / W (None: exactly 1, a full batch of per-sample losses).
+            factor = exact_factor(self.config.global_batch_size, weight())
             stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones
             grads = [param.grad for param in stage.params if param.grad is not None]
             if self.config.max_grad_norm > 0 or stage.nan_guard.skips_updates:
                 # The exact gradient's norm (the same on every rank); clipping folds into the factor.
-                stage.grad_norm = torch.nn.utils.get_total_norm(grads) * factor
+                stage.grad_norm = times(torch.nn.utils.get_total_norm(grads), factor)
                 if self.config.max_grad_norm > 0:
-                    factor = factor * (self.config.max_grad_norm / (stage.grad_norm + 1e-6)).clamp(max=1.0)
+                    factor = times((self.config.max_grad_norm / (stage.grad_norm + 1e-6)).clamp(max=1.0), factor)
                 # Reading the norm waits for the GPU: only --nan-policy skip looks at it every update.
                 guard = stage.nan_guard
                 if guard.skips_updates and not guard.allow_update(distributed.is_finite(stage.grad_norm), where):
                     stage.optimizer.zero_grad(set_to_none=True)
                     totals[-1] = torch.zeros_like(totals[-1])  # a dropped update's loss is left out of train_loss
                     continue
-            torch._foreach_mul_(grads, factor)
+            if factor is not None:
+                torch._foreach_mul_(grads, factor)
             scale_before = stage.scaler.get_scale()
             stage.scaler.step(stage.optimizer)
             stage.scaler.update()

@@ -8,7 +8,7 @@ import contextlib
 import datetime
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +103,8 @@ def teardown(wait_for_others: bool) -> None:
 def explain_failure(error: BaseException) -> str | None:
     """Say what a failed collective usually means; None for errors that are not about other ranks."""
     text = str(error)
-    if "Timed out" in text or "timed out" in text or "Watchdog caught collective operation timeout" in text:
+    timeouts = ("Timed out", "timed out", "Watchdog caught collective operation timeout", "Application timeout")
+    if any(timeout in text for timeout in timeouts):  # the last: gloo's, when a collective in flight timed out
         return (
             "a collective timed out: another rank is stuck (a hang in data loading, or a collective it never "
             "reached) or far slower; check every rank's log, or raise --dist-timeout-s for slow steps"
@@ -165,6 +166,18 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks, in place, and return it. Every rank must call it."""
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def start_sum(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Start summing a tensor over all ranks, in place, without waiting; calling the result waits and
+    returns it. The work done in between (a backward pass) hides the communication. Every rank must call it."""
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+    def result() -> torch.Tensor:
+        work.wait()
+        return tensor
+
+    return result
 
 
 def agree(decision: bool) -> bool:

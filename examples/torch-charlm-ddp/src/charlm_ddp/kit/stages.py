@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..distributed import Runtime
+from ..distributed import Runtime, start_sum
 from .callbacks import NonFiniteGuard
 from .collect import Mean, check_train_value
 from .config import TrainConfig
@@ -54,6 +54,37 @@ def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
     finally:
         for param in others:
             param.requires_grad_(True)
+
+
+def global_weight(losses: list[Mean], world_size: int) -> Callable[[], torch.Tensor | float]:
+    """The sum of the weights of a stage's losses over the update's micro-steps and every rank, to read
+    after the last backward(): unweighted losses on one process are counted on the host, with nothing to
+    run on the device; otherwise the sum goes over the ranks now, while backward() runs."""
+    counts = [loss.count for loss in losses]
+    if world_size == 1 and None not in counts:
+        total = float(sum(counts))  # type: ignore[arg-type]
+        return lambda: total
+    weights = torch.stack([loss.weight for loss in losses]).double().sum() if len(losses) > 1 else losses[0].weight
+    return start_sum(weights.to(torch.float64, copy=True))
+
+
+def exact_factor(global_batch_size: int, weight: torch.Tensor | float) -> torch.Tensor | float | None:
+    """--global-batch-size / W, from the gradient of the fixed multiplier to the exact mean's; None where it
+    is exactly 1 (a full batch of unweighted losses, counted on the host)."""
+    if isinstance(weight, torch.Tensor):
+        return (global_batch_size / weight.clamp_min(1e-12)).float()
+    return None if weight == global_batch_size else global_batch_size / max(weight, 1e-12)
+
+
+def times(value: torch.Tensor, factor: torch.Tensor | float | None) -> torch.Tensor:
+    """`value * factor`, where a factor of None is exactly 1 (nothing to compute)."""
+    return value if factor is None else value * factor
+
+
+def loss_totals(losses: list[Mean]) -> torch.Tensor:
+    """[sum of w_i l_i, sum of w_i] over a stage's micro-steps on this rank, for the logs."""
+    pairs = [torch.stack([loss.total.detach(), loss.weight]) for loss in losses]
+    return pairs[0] if len(pairs) == 1 else torch.stack(pairs).double().sum(dim=0)
 
 
 def micro_step_losses(

@@ -19,9 +19,11 @@ so every rank runs the same number of batches (FSDP needs that: each forward is 
 its values are dropped, so every sample counts exactly once.
 """
 
+import _random
 import contextlib
 import ctypes
 import random
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -80,15 +82,23 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         per_chunk = max(1, Shuffle.CHUNK // size)  # global batches whose indices are computed together
         for first in range(self.start, self.updates_per_epoch, per_chunk):
             positions = torch.arange(first * size, min((first + per_chunk) * size, self.samples_per_epoch))
-            for global_batch in shuffle(positions).split(size):
-                # tensor_split gives near-equal parts, so a short last batch is spread evenly.
-                parts = global_batch.tensor_split(self.splits)
+            order = shuffle(positions).tolist()
+            for start in range(0, len(order), size):
+                # Near-equal parts, so a short last batch is spread evenly.
+                parts = split_evenly(order[start : start + size], self.splits)
                 for micro_step in range(self.grad_accum_steps):
                     # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
-                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank].tolist()]
+                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank]]
 
     def __len__(self) -> int:
         return (self.updates_per_epoch - self.start) * self.grad_accum_steps
+
+
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """Consecutive parts whose sizes differ by at most one, the longer first (as torch.tensor_split cuts)."""
+    size, extra = divmod(len(items), parts)
+    bounds = [part * size + min(part, extra) for part in range(parts + 1)]
+    return [items[bounds[part] : bounds[part + 1]] for part in range(parts)]
 
 
 class Samples(list[Any]):
@@ -174,7 +184,7 @@ GENERATORS = frozenset({"torch", "python", "numpy"} if numpy else {"torch", "pyt
 
 def generator_states() -> dict[str, Any]:
     """The states of the CPU generators data.py may draw from: torch's, Python's and NumPy's."""
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _python_state.get()}
     if numpy:
         states["numpy"] = _numpy_state.get()
     return states
@@ -219,6 +229,45 @@ class NumpyState:
 _numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 
 
+class PythonState:
+    """`random.getstate()`, taken again only when Python's generator may have changed.
+
+    getstate() builds a tuple of 625 numbers (9 us, as long as loading a small sample, and SeededSamples
+    needs it twice a batch). The Mersenne Twister behind `random`'s functions is read in place instead
+    (its position and 624 keys, where CPython's _random module keeps them after the object header,
+    under a microsecond; checked once against getstate(), else never used): while it has not moved and
+    no cached Gaussian was used up, the state is the one taken last.
+    """
+
+    TWISTER_BYTES = 4 + 624 * 4  # _random.Random's C struct after PyObject_HEAD: int index; uint32_t state[624]
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.twister: bytes | None = None
+        self.readable: bool | None = None  # whether the twister reads as getstate() says; checked once
+
+    def get(self) -> Any:
+        twister = self.read_twister()
+        generator = random.getstate.__self__  # type: ignore[attr-defined]  # the instance random's functions use
+        if twister is None or twister != self.twister or self.state[2] != generator.gauss_next:
+            self.state, self.twister = random.getstate(), twister
+        return self.state
+
+    def read_twister(self) -> bytes | None:
+        """The generator's position and keys as bytes; None where they cannot be read so (another Python)."""
+        if self.readable is False or _random.Random.__basicsize__ < object.__basicsize__ + self.TWISTER_BYTES:
+            return None
+        address = id(random.getstate.__self__) + object.__basicsize__  # type: ignore[attr-defined]
+        twister = ctypes.string_at(address, self.TWISTER_BYTES)
+        if self.readable is None:
+            keys = random.getstate()[1]  # (its 624 keys..., position)
+            self.readable = twister == struct.pack("=i624I", keys[-1], *keys[:-1])
+        return twister if self.readable else None
+
+
+_python_state = PythonState()  # one per process
+
+
 def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
     """Set the generators `names` back to `states`."""
     for name in names:
@@ -248,10 +297,10 @@ def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
 
 
 def _same(name: str, left: Any, right: Any) -> bool:
-    if left is right:  # NumPy's state, not taken again (NumpyState)
+    if left is right:  # NumPy's or Python's state, not taken again (NumpyState, PythonState)
         return True
-    if name == "torch":
-        return torch.equal(left, right)
+    if name == "torch":  # 5 kB: comparing the bytes takes half the time of torch.equal
+        return left.numpy().tobytes() == right.numpy().tobytes()  # type: ignore[no-any-return]
     if name == "numpy":  # ("MT19937", its keys as an array, position, has_gauss, cached_gaussian)
         return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
     # Python's: (version, its 624 keys and position, cached Gaussian). A draw moves the position; the keys

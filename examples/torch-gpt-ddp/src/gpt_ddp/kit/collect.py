@@ -26,6 +26,7 @@ class Mean:
 
     total: torch.Tensor  # sum(values * weights), a scalar
     weight: torch.Tensor  # sum(weights), a scalar
+    count: float | None  # the weight known on the host, without weights (how many values): None with them
     per: str
     dtype: torch.dtype  # of the values as given: a loss must be floating point to have a gradient
 
@@ -37,7 +38,8 @@ class Mean:
             )
         if weights is None:
             # Filled on the device: torch.tensor(n, device=...) would copy it from the host at every micro-step.
-            self.total, self.weight = values.sum(), torch.full((), float(values.numel()), device=values.device)
+            self.count = float(values.numel())
+            self.total, self.weight = values.sum(), torch.full((), self.count, device=values.device)
         else:
             if not isinstance(weights, torch.Tensor) or weights.shape != values.shape:
                 raise StepError(
@@ -45,7 +47,7 @@ class Mean:
                     f"got {_describe(weights)}"
                 )
             weights = weights.to(values.dtype if values.is_floating_point() else torch.float32)
-            self.total, self.weight = (values * weights).sum(), weights.detach().sum()
+            self.total, self.weight, self.count = (values * weights).sum(), weights.detach().sum(), None
         self.per, self.dtype = per, values.dtype
 
 

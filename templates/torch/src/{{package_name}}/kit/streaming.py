@@ -25,7 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .config import TrainConfig
 from .errors import DataError
-from .sampling import callers_generators_kept, seed_generators
+from .sampling import callers_generators_kept, seed_generators, split_evenly
 
 END = object()  # what `_next_item` returns once the stream has no more
 
@@ -56,7 +56,7 @@ class TrainStream(IterableDataset):
                 if index < skip:
                     continue  # trained on before the run was resumed
                 if update % workers == worker_id:
-                    parts = _split(items, self.splits)
+                    parts = split_evenly(items, self.splits)
                     micro_batches = [parts[step * self.world_size + self.rank] for step in range(self.grad_accum_steps)]
                     yield {"position": (epoch, index + 1), "samples": len(items), "micro_batches": micro_batches}
                 update += 1
@@ -148,10 +148,3 @@ def _next_item(items: Iterator[Any], seed: int, epoch: int, position: int) -> An
     """The stream's next item, computed with the CPU generators seeded for its position; END after the last."""
     seed_generators(seed, epoch, position)
     return next(items, END)
-
-
-def _split(items: list[Any], parts: int) -> list[list[Any]]:
-    """Near-equal consecutive parts, sizes differing by at most one, as torch.tensor_split cuts."""
-    size, extra = divmod(len(items), parts)
-    bounds = [part * size + min(part, extra) for part in range(parts + 1)]
-    return [items[bounds[part] : bounds[part + 1]] for part in range(parts)]
