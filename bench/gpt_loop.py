@@ -9,13 +9,17 @@ validation windows (the example's --eval-batches subset), each in a fresh proces
                 (`torch.randint`), the example's model and optim.py's AdamW, nanoGPT's `get_lr`
                 (linear warmup, cosine down to --min-lr), clipping at 1.0, the mean cross-entropy
 
-Each round gives both loops its own seed. The table gives the validation loss (mean and standard
+With --ranks 2 both run as two gloo processes under torchrun (one thread each), the same global
+batch: the generated loop splits each global batch over the ranks; the hand-written one is
+nanoGPT's DDP recipe (each rank draws its own windows from a seed offset by its rank, DDP averages
+the gradients). Each round gives both loops its own seed. The table gives the validation loss (mean and standard
 deviation over the rounds) and the time per update each loop measured of its training alone
 (validation and start-up left out; the generated loop's from its steps.jsonl), paired by round.
 
 Run from the repository root (about 2 minutes on 2 idle CPU cores):
     .venv/bin/python bench/gpt_loop.py
     .venv/bin/python bench/gpt_loop.py --rounds 5 --updates 300
+    .venv/bin/python bench/gpt_loop.py --ranks 2
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=96)
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000, help="The corpus's first N bytes.")
     parser.add_argument("--eval-batches", type=int, default=20, help="Validation batches of 64 windows.")
+    parser.add_argument("--ranks", type=int, default=1, help="Processes (gloo, under torchrun) of each loop.")
     parser.add_argument("--hand-written", metavar="JSON", help=argparse.SUPPRESS)  # one run of the baseline
     return parser.parse_args(argv)
 
@@ -65,9 +70,16 @@ def environment(project: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
 
 
+def launcher(args: argparse.Namespace) -> list[str]:
+    """How a loop starts: one Python process, or torchrun's --ranks processes on this machine."""
+    if args.ranks == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)]
+
+
 def run_generated(args: argparse.Namespace, project: Path, seed: int, data_dir: Path) -> dict[str, float]:
     run_dir = project / "runs" / f"seed-{seed}"
-    command = [sys.executable, "-m", "gpt_ddp.train", "--device", "cpu", "--no-progress", "--run-dir", str(run_dir)]
+    command = [*launcher(args), "-m", "gpt_ddp.train", "--device", "cpu", "--no-progress", "--run-dir", str(run_dir)]
     command += [*example_flags(args, seed, data_dir), "--epochs", "1", "--steps-per-epoch", str(args.updates)]
     subprocess.run(command, cwd=project, env=environment(project), check=True, capture_output=True)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -82,7 +94,7 @@ def run_generated(args: argparse.Namespace, project: Path, seed: int, data_dir: 
 
 def run_hand_written(args: argparse.Namespace, project: Path, seed: int, data_dir: Path) -> dict[str, float]:
     setup = json.dumps({"seed": seed, "data_dir": str(data_dir), "project": str(project)})
-    command = [sys.executable, __file__, *sys.argv[1:], "--hand-written", setup]
+    command = [*launcher(args), __file__, *sys.argv[1:], "--hand-written", setup]
     result = subprocess.run(command, env=environment(project), check=True, capture_output=True, text=True)
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -102,14 +114,23 @@ def hand_written(args: argparse.Namespace, setup: dict[str, object]) -> dict[str
 
     seed = int(setup["seed"])  # type: ignore[arg-type]
     config = parse_config(example_flags(args, seed, Path(str(setup["data_dir"]))))
-    data.prepare_data(config)
+    rank = 0
+    if args.ranks > 1:
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+    if rank == 0:
+        data.prepare_data(config)
+    if args.ranks > 1:
+        torch.distributed.barrier()
     random.seed(seed)
     torch.manual_seed(seed)  # as the generated loop seeds before model.py builds: the same initial weights
-    model = build_model(config)
+    raw_model = model = build_model(config)
     optimizer = build_optimizer(model, config)
+    if args.ranks > 1:  # nanoGPT's DDP: the optimizer holds the model's own parameters
+        model = torch.nn.parallel.DistributedDataParallel(model)
     train = np.memmap(data.token_file(config, "train"), dtype=np.uint16, mode="r")
-    block, batch_size = config.max_bytes, config.global_batch_size
-    generator = torch.Generator().manual_seed(seed + 1)
+    block, batch_size = config.max_bytes, config.global_batch_size // args.ranks
+    generator = torch.Generator().manual_seed(seed + 1 + rank)  # nanoGPT's seed_offset
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
         offsets = torch.randint(len(train) - block, (batch_size,), generator=generator)
@@ -135,6 +156,11 @@ def hand_written(args: argparse.Namespace, setup: dict[str, object]) -> dict[str
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     update_ms = 1000 * (time.perf_counter() - started) / args.updates
+    if args.ranks > 1:
+        torch.distributed.destroy_process_group()
+    if rank > 0:
+        return {}  # rank 0 evaluates and reports
+    model = raw_model
     val = data.Windows(data.token_file(config, "val"), block)
     chosen = list(evaluated_samples(len(val), config.eval_batches * config.eval_batch_size))
     model.eval()
@@ -152,7 +178,9 @@ def hand_written(args: argparse.Namespace, setup: dict[str, object]) -> dict[str
 def main() -> None:
     args = parse_args()
     if args.hand_written:
-        print(json.dumps(hand_written(args, json.loads(args.hand_written))))
+        figures = hand_written(args, json.loads(args.hand_written))
+        if figures:  # rank 0's
+            print(json.dumps(figures), flush=True)
         return
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="looptpl-gpt-bench-") as folder:
@@ -176,7 +204,8 @@ def main() -> None:
 
     shape = f"{args.layers} layers of width {args.width}, {args.batch_size} windows of {args.max_bytes} tokens"
     print(
-        f"torch {torch.__version__}, 1 thread on {os.cpu_count()} CPUs; {shape}; {args.updates} updates x "
+        f"torch {torch.__version__}, {args.ranks} process(es) of 1 thread on {os.cpu_count()} CPUs; {shape}; "
+        f"{args.updates} updates x "
         f"{args.rounds} rounds (one seed each); validation on {args.eval_batches} x 64 fixed windows; "
         f"template {template_revision()}; {time.monotonic() - started:.0f}s"
     )

@@ -11,6 +11,8 @@ project's task, with a larger train split) and the same global batch:
   no-hook       with --hook-cost: the generated loop from a second render whose train.py has the
                 after_update hook call deleted; generated / no-hook is what the default (no-op)
                 hooks.py costs on the hot path
+  base          with --baseline-ref REF: the generated loop of the template at commit REF, so
+                base / generated is what a template change bought, paired by round
 
 Every loop runs one untimed warmup epoch and then --epochs timed ones; the loops take turns
 within each of --rounds rounds (in a rotating order). The table gives, per loop, the median and
@@ -23,6 +25,7 @@ Run from the repository root (about 1 minute on 2 idle CPU cores, up to 3 when t
     .venv/bin/python bench/torch_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
     .venv/bin/python bench/torch_loop.py --hook-cost --skip-lightning --batch-size 16 --rounds 7
     .venv/bin/python bench/torch_loop.py --augment --skip-lightning   # random augmentation in every loop
+    .venv/bin/python bench/torch_loop.py --skip-lightning --baseline-ref HEAD~1   # against an older template
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Give every train sample random augmentation (torch noise, a Python-drawn scale) in every loop; "
         "the generated loop seeds it per sample for exact resume, the others draw freely. Target: 0.9x.",
     )
+    parser.add_argument(
+        "--baseline-ref",
+        metavar="REF",
+        help="Also time the generated loop of the template at this commit (loop `base`), paired by round.",
+    )
     parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
     args = parser.parse_args(argv)
     for name in ("epochs", "train_size", "batch_size", "rounds", "threads"):
@@ -97,13 +105,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the rendered project -----------------------------------------------------------------------
 
 
-def render_project(root: Path, name: str = "benchproj", drop_line: str = "") -> types.ModuleType:
-    """`looptpl new` a torch/single project `name` under `root` and import its package; `drop_line`
-    (if given) is deleted from its train.py first, and must be there."""
+def render_project(root: Path, name: str = "benchproj", drop_line: str = "", template: Path = REPO) -> types.ModuleType:
+    """`looptpl new` a torch/single project `name` under `root` with the looptpl of `template` (a
+    checkout) and import its package; `drop_line` (if given) is deleted from its train.py first, and
+    must be there."""
     destination = root / name
-    looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
-    command = [looptpl, "new", str(destination), "--backend", "torch", "--strategy", "single", "--defaults", "--no-git"]
-    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "looptpl", "new", str(destination), "--backend", "torch", "--strategy", "single"]
+    command += ["--defaults", "--no-git"]
+    environment = {**os.environ, "PYTHONPATH": str(template / "generator")}  # the checkout renders its own template
+    subprocess.run(command, check=True, cwd=template, env=environment, stdout=subprocess.DEVNULL)
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
     if drop_line:
         engine = package_dir / "train.py"
@@ -117,6 +127,16 @@ def render_project(root: Path, name: str = "benchproj", drop_line: str = "") -> 
         setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
     package.config = importlib.import_module(f"{package_dir.name}.kit.config")
     return package
+
+
+def render_baseline(root: Path, ref: str) -> types.ModuleType:
+    """The project `benchbase`, rendered by the looptpl of commit `ref` (a temporary git worktree)."""
+    checkout = root / "baseline-checkout"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(checkout), ref], check=True)
+    try:
+        return render_project(root, "benchbase", template=checkout)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(checkout)], check=True)
 
 
 class Augmented(Dataset):
@@ -323,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.hook_cost:
             without_hook = render_project(work, "benchnohook", HOOK_CALL)
             loops["no-hook"] = lambda run, round_index: run_generated(run, round_index, without_hook)
+        if args.baseline_ref:
+            base = render_baseline(work, args.baseline_ref)
+            loops["base"] = lambda run, round_index: run_generated(run, round_index, base)
         run = Run(args, project, build_datasets(project, args.train_size, args.augment), work)
         timings: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in loops}  # [round][epoch]
         names = list(loops)
