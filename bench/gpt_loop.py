@@ -157,6 +157,7 @@ def hand_written(args: argparse.Namespace, setup: dict[str, object]) -> dict[str
         optimizer.zero_grad(set_to_none=True)
     update_ms = 1000 * (time.perf_counter() - started) / args.updates
     if args.ranks > 1:
+        torch.distributed.barrier()  # both ranks have trained: leaving without it was seen to hang rank 0
         torch.distributed.destroy_process_group()
     if rank > 0:
         return {}  # rank 0 evaluates and reports
