@@ -190,81 +190,83 @@ def generator_states() -> dict[str, Any]:
     return states
 
 
-class NumpyState:
-    """`numpy.random.get_state()`, taken again only when it may have changed.
+class TwisterState:
+    """A global Mersenne Twister's state (NumPy's, Python's), taken again only when it may have changed.
 
-    get_state() copies the generator into new arrays (60 us, more than loading a small sample, and
-    SeededSamples needs it twice a batch). The Mersenne Twister behind NumPy's global functions is
-    read in place instead (NumPy's ctypes interface: its 624 keys and position, under a microsecond):
-    while it has not moved, the state is the one taken last, unless a Gaussian was cached then
-    (drawing that one moves nothing but the cache).
+    Taking it copies the generator (NumPy's get_state() 60 us, Python's getstate() 9 us: as long as
+    loading a small sample, and SeededSamples needs it twice a batch). The twister's 624 keys and
+    position are read in place instead, under a microsecond (checked once against the state taken,
+    else never used): while they have not moved and its cached Gaussian has not changed (a draw of
+    that one moves nothing else), the state is the one taken last.
     """
 
-    TWISTER_BYTES = 624 * 4 + 4  # NumPy's mt19937_state: uint32 key[624]; int pos
+    TWISTER_BYTES = 624 * 4 + 4  # 624 uint32 keys and an int position
 
     def __init__(self) -> None:
         self.state: Any = None
         self.twister: bytes | None = None
-        self.readable: bool | None = None  # whether the twister reads as get_state() says; checked once
+        self.readable: bool | None = None  # whether the twister reads as the state says; checked once
 
     def get(self) -> Any:
         twister = self.read_twister()
-        if twister is None or twister != self.twister or self.state[3]:  # [3]: a Gaussian is cached
-            self.state, self.twister = numpy.random.get_state(), twister
+        if twister is None or twister != self.twister or self.gaussian_changed(self.state):
+            self.state, self.twister = self.take(), twister
         return self.state
 
+    def take(self) -> Any:
+        raise NotImplementedError
+
     def read_twister(self) -> bytes | None:
-        """The generator's keys and position as bytes; None where it cannot be read so (another generator)."""
+        """The generator's keys and position as bytes; None where they cannot be read so."""
+        raise NotImplementedError
+
+    def gaussian_changed(self, state: Any) -> bool:
+        raise NotImplementedError
+
+
+class NumpyState(TwisterState):
+    """`numpy.random.get_state()`: ("MT19937", keys, position, has_gauss, cached_gaussian)."""
+
+    def take(self) -> Any:
+        return numpy.random.get_state()
+
+    def read_twister(self) -> bytes | None:
         generator = getattr(numpy.random, "get_bit_generator", lambda: None)()  # NumPy >= 1.25
         if type(generator) is not numpy.random.MT19937 or self.readable is False:
             return None  # numpy.random.set_bit_generator() chose another, or an older NumPy
-        twister = ctypes.string_at(generator.ctypes.state_address, self.TWISTER_BYTES)
+        twister = ctypes.string_at(generator.ctypes.state_address, self.TWISTER_BYTES)  # NumPy's ctypes interface
         if self.readable is None:
-            state: Any = numpy.random.get_state()  # ("MT19937", keys, position, has_gauss, cached_gaussian)
+            state = self.take()
             position = int(state[2]).to_bytes(4, "little", signed=True)
             self.readable = twister == state[1].astype("<u4").tobytes() + position
         return twister if self.readable else None
 
+    def gaussian_changed(self, state: Any) -> bool:
+        return bool(state[3])  # a Gaussian was cached when the state was taken: it may have been drawn since
 
-_numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 
+class PythonState(TwisterState):
+    """`random.getstate()`: (version, (its 624 keys..., position), cached Gaussian)."""
 
-class PythonState:
-    """`random.getstate()`, taken again only when Python's generator may have changed.
-
-    getstate() builds a tuple of 625 numbers (9 us, as long as loading a small sample, and SeededSamples
-    needs it twice a batch). The Mersenne Twister behind `random`'s functions is read in place instead
-    (its position and 624 keys, where CPython's _random module keeps them after the object header,
-    under a microsecond; checked once against getstate(), else never used): while it has not moved and
-    no cached Gaussian was used up, the state is the one taken last.
-    """
-
-    TWISTER_BYTES = 4 + 624 * 4  # _random.Random's C struct after PyObject_HEAD: int index; uint32_t state[624]
-
-    def __init__(self) -> None:
-        self.state: Any = None
-        self.twister: bytes | None = None
-        self.readable: bool | None = None  # whether the twister reads as getstate() says; checked once
-
-    def get(self) -> Any:
-        twister = self.read_twister()
-        generator = random.getstate.__self__  # type: ignore[attr-defined]  # the instance random's functions use
-        if twister is None or twister != self.twister or self.state[2] != generator.gauss_next:
-            self.state, self.twister = random.getstate(), twister
-        return self.state
+    def take(self) -> Any:
+        return random.getstate()
 
     def read_twister(self) -> bytes | None:
-        """The generator's position and keys as bytes; None where they cannot be read so (another Python)."""
+        # CPython's _random.Random keeps `int index; uint32_t state[624]` right after the object header.
         if self.readable is False or _random.Random.__basicsize__ < object.__basicsize__ + self.TWISTER_BYTES:
             return None
         address = id(random.getstate.__self__) + object.__basicsize__  # type: ignore[attr-defined]
         twister = ctypes.string_at(address, self.TWISTER_BYTES)
         if self.readable is None:
-            keys = random.getstate()[1]  # (its 624 keys..., position)
+            keys = self.take()[1]
             self.readable = twister == struct.pack("=i624I", keys[-1], *keys[:-1])
         return twister if self.readable else None
 
+    def gaussian_changed(self, state: Any) -> bool:
+        return state[2] != random.getstate.__self__.gauss_next  # type: ignore[attr-defined, no-any-return]
 
+
+_numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 _python_state = PythonState()  # one per process
 
 
