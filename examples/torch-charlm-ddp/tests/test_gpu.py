@@ -25,11 +25,11 @@ def test_updates_never_wait_for_the_gpu(tmp_path):
     try:
         trainer = Trainer(config, runtime, build_model(config), build_datasets(config))
         trainer.set_training(True)
-        batches = iter(trainer.loaders.train)
+        batches = trainer.loaders.start_epoch(0, 0)
 
         def update() -> None:
-            micro_batches = [trainer.loaders.next_batch(batches) for _ in range(config.grad_accum_steps)]
-            trainer.train_step(micro_batches, "the test")
+            micro_batches, _ = trainer.loaders.next_update(batches, 0)
+            trainer.update(micro_batches, "the test")
 
         update()  # the first one allocates, picks kernels and creates the optimizer state
         torch.cuda.synchronize()
