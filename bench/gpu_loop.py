@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from timing import checkout, template_revision
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 BASE_LOOPS = ["ceiling", "ceiling-compiled", "hand", "hand-compiled", "lightning", "accelerate"]
@@ -166,12 +168,8 @@ def prepare(folder: Path, baseline_ref: str | None) -> None:
         if not (folder / strategy).exists():
             render(folder / strategy, strategy)
     if baseline_ref and not (folder / "base").exists():
-        with tempfile.TemporaryDirectory() as checkout:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", checkout, baseline_ref], check=True)
-            try:
-                render(folder / "base", "single", Path(checkout))
-            finally:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", checkout], check=True)
+        with checkout(baseline_ref) as template:
+            render(folder / "base", "single", template)
     print(f"rendered {', '.join(sorted(path.name for path in folder.iterdir()))} into {folder}")
 
 
@@ -379,13 +377,6 @@ def header(args: argparse.Namespace, skipped: list[str]) -> str:
     ]
     lines += [f"skipped {note}" for note in skipped]
     return "\n".join(lines)
-
-
-def template_revision() -> str:
-    git = ["git", "-C", str(REPO)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "templates"], capture_output=True, text=True).stdout
-    return (head or "unknown") + (" + uncommitted template edits" if dirty.strip() else "")
 
 
 def report(args: argparse.Namespace, loops: list[Loop], skipped: list[str]) -> None:

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import statistics
 import subprocess
+import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,17 @@ def pretend_tty(stream: object, enabled: bool) -> Iterator[None]:
         yield
     finally:
         del stream.isatty  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at commit `ref`, removed after the block."""
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", folder, ref], check=True)
+        try:
+            yield Path(folder)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", folder], check=True)
 
 
 def template_revision() -> str:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from timing import REPO, patched, pretend_tty, print_comparison, rate, template_revision
+from timing import REPO, checkout, patched, pretend_tty, print_comparison, rate, template_revision
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -131,12 +131,8 @@ def render_project(root: Path, name: str = "benchproj", drop_line: str = "", tem
 
 def render_baseline(root: Path, ref: str) -> types.ModuleType:
     """The project `benchbase`, rendered by the looptpl of commit `ref` (a temporary git worktree)."""
-    checkout = root / "baseline-checkout"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(checkout), ref], check=True)
-    try:
-        return render_project(root, "benchbase", template=checkout)
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(checkout)], check=True)
+    with checkout(ref) as template:
+        return render_project(root, "benchbase", template=template)
 
 
 class Augmented(Dataset):
