@@ -361,12 +361,12 @@ class Trainer:
                         with self.autocast():
                             losses.append(loss := next_loss(step, stage, self.stages))
                         if last:  # W is known: its sum over the ranks travels while this backward() runs
-                            weight = global_weight(losses, self.runtime.world_size)
+                            totals.append(loss_totals(losses))
+                            weight = global_weight(losses, totals[-1][1], self.runtime.world_size)
                         # A fixed multiplier c = world_size / --global-batch-size (exact already for one
                         # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
                         stage.scaler.scale(loss.total * multiplier).backward()
             self.per = loss.per if index == 0 else self.per  # what a unit of weight is: sample, token
-            totals.append(loss_totals(losses))
             # The exact mean: times --global-batch-size / W (None: exactly 1, a full batch of per-sample losses).
             factor = exact_factor(self.config.global_batch_size, weight())
             stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones

@@ -56,16 +56,16 @@ def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
             param.requires_grad_(True)
 
 
-def global_weight(losses: list[Mean], world_size: int) -> Callable[[], torch.Tensor | float]:
+def global_weight(losses: list[Mean], weight: torch.Tensor, world_size: int) -> Callable[[], torch.Tensor | float]:
     """The sum of the weights of a stage's losses over the update's micro-steps and every rank, to read
-    after the last backward(): unweighted losses on one process are counted on the host, with nothing to
-    run on the device; otherwise the sum goes over the ranks now, while backward() runs."""
+    after the last backward(), from `weight`, this rank's sum (`loss_totals`): unweighted losses on one
+    process are counted on the host, with nothing to run on the device; otherwise the sum goes over the
+    ranks now, while backward() runs."""
     counts = [loss.count for loss in losses]
     if world_size == 1 and None not in counts:
         total = float(sum(counts))  # type: ignore[arg-type]
         return lambda: total
-    weights = torch.stack([loss.weight for loss in losses]).double().sum() if len(losses) > 1 else losses[0].weight
-    return start_sum(weights.to(torch.float64, copy=True))
+    return start_sum(weight.to(torch.float64, copy=True))
 
 
 def exact_factor(global_batch_size: int, weight: torch.Tensor | float) -> torch.Tensor | float | None:
