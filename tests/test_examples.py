@@ -6,6 +6,7 @@ Each example is a generated project a user has filled in; these are short runs, 
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from conftest import REPO_ROOT, answers, in_parallel, looptpl, run, user_files
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
 TF_CHARLM = REPO_ROOT / "examples" / "tf-charlm-mirrored"
+GPT = REPO_ROOT / "examples" / "torch-gpt-ddp"
 EXAMPLES = [
     pytest.param(REPO_ROOT / "examples" / name, id=name)
     for name in (
@@ -121,6 +123,21 @@ def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
     assert one["test_tokens"] == two["test_tokens"] > 64 * 47  # every real token of the split, counted once
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
     assert one["test_perplexity"] < 60, one  # 257 is chance; 8 updates already learn the common bytes
+
+
+def test_gpt_example_passes_its_own_tests_within_its_test_budget(tmp_path):
+    """The project's own tests, as generated, on a large corpus written by prepare_data and without a test set:
+    settings.py's TEST_DEFAULTS (8 updates an epoch, 2 evaluation batches) keep each run to seconds.
+    Two of them here, one on those epochs and one on the 16-update epochs of the tests that count updates;
+    the whole suite passes too (about 4 minutes on 2 cores)."""
+    project = tmp_path / "gpt"
+    shutil.copytree(GPT, project, ignore=shutil.ignore_patterns("data", "runs", "__pycache__"))
+    tests = [
+        "tests/test_resume.py::test_resume_gives_the_same_result_as_an_uninterrupted_run",
+        "tests/test_hooks.py::test_hooks_run_in_order_add_values_and_keep_their_state_over_a_resume",
+    ]
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=project, timeout=600)
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-5000:]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

@@ -68,6 +68,8 @@ def test_rendered_project_is_lint_and_type_clean_without_template_leftovers(proj
     steps = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())["jobs"]["check"]["steps"]
     commands = [step["run"] for step in steps if "run" in step and "pip install" not in step["run"]]
     assert commands == ["ruff check .", "ruff format --check .", "mypy", "python -m pytest"]
+    # The README shows the config file the project's own test reads (test_mistakes.py).
+    assert "--config configs/base.toml" in (project / "README.md").read_text()
     cache = {"MYPY_CACHE_DIR": str(project.parent / ".mypy_cache")}
     for command in commands[:-1]:  # the tests run in test_generated_project_passes_its_own_tests
         result = run([sys.executable, "-m", *command.split()], cwd=project, timeout=300, env=cache)

@@ -15,16 +15,26 @@ import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
 import tensorflow as tf
+from project import test_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 
+# Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
+# update moves the weights), or a constant one (which does not depend on the run's length).
+ZERO_LR = ("--lr", "0", "--min-lr", "0")
+CONSTANT_LR = ("--schedule", "constant", "--min-lr", "0")
+
 # 1007 training samples = 25 global batches of 40 + a last one of 7, and 251 validation samples in
 # batches of 100: short last batches (launcher.py says how this project's strategy splits them).
+# A larger train set makes epochs of its first 26 batches (--steps-per-epoch), as the tests count on.
 # With a moving average of the weights (--ema-decay): every comparison of runs compares it too.
-TRAIN_FLAGS = ("--epochs", "3", "--global-batch-size", "40", "--eval-batch-size", "100", "--ema-decay", "0.9")
+TRAIN_FLAGS = (
+    *("--epochs", "3", "--global-batch-size", "40", "--steps-per-epoch", "26"),
+    *("--eval-batch-size", "100", "--ema-decay", "0.9"),
+)
 
 
 @dataclass
@@ -37,8 +47,9 @@ class Training:
 
 
 def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
-    """Start training on the CPU, writing to `run_dir`, on `replicas` replicas (launcher.py says how)."""
-    command = launcher.command(run_dir, *flags, replicas=replicas)
+    """Start training on the CPU, writing to `run_dir`, on `replicas` replicas (launcher.py says how).
+    settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
+    command = launcher.command(run_dir, *test_flags(), *flags, replicas=replicas)
     environment = {
         **os.environ,
         "PYTHONPATH": str(sources),

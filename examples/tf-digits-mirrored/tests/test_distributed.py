@@ -5,6 +5,7 @@ import re
 import pytest
 from conftest import (
     TRAIN_FLAGS,
+    ZERO_LR,
     assert_same_metrics,
     assert_same_weights,
     final_weights,
@@ -19,7 +20,7 @@ from conftest import (
     step_records,
     summary,
 )
-from project import final_test, resumed_message, split_sizes
+from project import evaluated_samples, final_split, final_test, resumed_message
 
 from digits_mirrored.kit.config import TrainConfig
 from digits_mirrored.kit.errors import ConfigError
@@ -38,7 +39,7 @@ def runs(tmp_path_factory):
         # In a folder of its own under resumed/ ({start}), which --resume then finds.
         "resumed": start_training(root / "resumed" / "{start}", *stopped, "--stop-after-step", "37", replicas=2),
         # With a zero learning rate the validation loss never improves after the first epoch.
-        "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", replicas=2),
+        "early": start_training(root / "early", "--epochs", "6", *ZERO_LR, "--early-stop-patience", "1", replicas=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", replicas=2),
         # The last replica's hooks ask to stop once update 7 is done: the run ends after update 8.
         "hooked": start_training(root / "hooked", *TRAIN_FLAGS, "--log-every", "4", sources=hooked, replicas=2),
@@ -83,10 +84,10 @@ def test_two_replicas_match_one(reference, runs, variant):
 
 def test_evaluation_counts_every_sample_once(reference, runs):
     root, _ = runs
-    _, val_samples, test_samples = split_sizes()
     for record in metrics(root / "two"):
-        assert record["val_samples"] == val_samples
-    assert final_test(root / "two")["test_samples"] == test_samples
+        assert record["val_samples"] == evaluated_samples("val")
+    split = final_split()  # "test", or "val" where data.py builds no test set
+    assert final_test(root / "two")[f"{split}_samples"] == evaluated_samples(split)
     assert final_test(root / "two") == pytest.approx(final_test(reference), rel=1e-5)
 
 

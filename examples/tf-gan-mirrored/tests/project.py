@@ -2,9 +2,13 @@
 
 The tests compare runs with what your settings.py and data.py make of them, not with the
 template's placeholder numbers, so they keep testing your project once you have filled it in.
+Every run they start gets settings.py's TEST_DEFAULTS first (`test_flags`): there a project with a
+large corpus keeps its test runs to seconds, with {"eval_batches": 2} say (most runs take TRAIN_FLAGS'
+epochs, of 26 updates at most).
 """
 
 import functools
+import importlib
 import json
 import math
 from pathlib import Path
@@ -12,29 +16,63 @@ from typing import Any
 
 
 @functools.cache
-def project_settings() -> Any:
-    """The project's TrainConfig as a run without flags gets it: settings.py's values over the template's."""
-    from gan_mirrored.kit.config import parse_config  # imported here, once src/ is on the path
+def test_flags() -> tuple[str, ...]:
+    """settings.py's TEST_DEFAULTS as flags: every test run gets them, before the test's own flags."""
+    from gan_mirrored import settings  # imported here, once src/ is on the path
+    from gan_mirrored.kit.config import TrainConfig
 
-    return parse_config([])
+    flags: list[str] = []
+    for name, value in getattr(settings, "TEST_DEFAULTS", {}).items():  # a settings.py from before it has none
+        if name not in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"settings.py: TEST_DEFAULTS names {name}, which is no flag (see --help)")
+        option = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{option}" if value else f"--no-{option}")
+        else:
+            flags += [f"--{option}", str(value)]
+    return tuple(flags)
 
 
 @functools.cache
-def split_sizes() -> tuple[int, ...]:
-    """The numbers of samples in the (train, validation, test) splits that data.py builds."""
-    from gan_mirrored.data import build_datasets
+def project_settings() -> Any:
+    """The project's TrainConfig as a test run without flags gets it: settings.py's DEFAULTS, then TEST_DEFAULTS."""
+    from gan_mirrored.kit.config import parse_config
 
-    return tuple(int(split.cardinality()) for split in build_datasets(project_settings()))
-
-
-def updates_per_epoch(global_batch_size: int = 40) -> int:
-    """Optimizer updates in an epoch at TRAIN_FLAGS' global batch; the short last batch is kept."""
-    return math.ceil(split_sizes()[0] / global_batch_size)
+    return parse_config(list(test_flags()))
 
 
-def resumed_message(updates: int, global_batch_size: int = 40) -> str:
-    """What a run resumed from a checkpoint written after update `updates` prints (TRAIN_FLAGS' batches)."""
-    per_epoch = updates_per_epoch(global_batch_size)
+@functools.cache
+def split_sizes() -> tuple[int | None, ...]:
+    """The numbers of samples in the (train, validation, test) splits that data.py builds (None: no test set),
+    after its prepare_data, if it has one, has written what build_datasets reads."""
+    data = importlib.import_module("gan_mirrored.data")
+    if hasattr(data, "prepare_data"):
+        data.prepare_data(project_settings())
+    splits = data.build_datasets(project_settings())
+    return tuple(None if split is None else int(split.cardinality()) for split in splits)
+
+
+def updates_per_epoch() -> int:
+    """Optimizer updates in an epoch of TRAIN_FLAGS' runs: global batches of 40, the short last one kept, and
+    at most 26 (--steps-per-epoch: the template's data makes 26; a larger train set is cut to that)."""
+    return min(math.ceil(split_sizes()[0] / 40), 26)
+
+
+def samples_per_epoch() -> int:
+    """Training samples in an epoch of TRAIN_FLAGS' runs."""
+    return min(split_sizes()[0], updates_per_epoch() * 40)
+
+
+def evaluated_samples(split: str, eval_batch_size: int = 100) -> int:
+    """Samples an evaluation of "val" or "test" uses at TRAIN_FLAGS' evaluation batch of 100: the whole split,
+    or --eval-batches x --eval-batch-size."""
+    size = split_sizes()[("val", "test").index(split) + 1]
+    return min(size, project_settings().eval_batches * eval_batch_size or size)
+
+
+def resumed_message(updates: int) -> str:
+    """What a run resumed from a checkpoint written after update `updates` prints (TRAIN_FLAGS' epochs)."""
+    per_epoch = updates_per_epoch()
     epochs, update = divmod(updates, per_epoch)
     if update:
         return f"resumed after update {updates}, part-way through epoch {epochs + 1} (update {update} of {per_epoch})"
@@ -53,7 +91,12 @@ def losses(record: dict[str, Any]) -> list[str]:
     return [name for name in record if name.endswith("_loss")]
 
 
+def final_split() -> str:
+    """The split whose figures summary.json gives: "test", or "val" (the best epoch's) without a test set."""
+    return "val" if split_sizes()[2] is None else "test"
+
+
 def final_test(run_dir: Path) -> dict[str, Any]:
-    """The final test's results in summary.json: test_loss, test_accuracy, test_samples, ..."""
+    """The final figures in summary.json: test_loss, test_accuracy, test_samples, ... (val_* without a test set)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {name: value for name, value in summary.items() if name.startswith("test_")}
+    return {name: value for name, value in summary.items() if name.startswith(f"{final_split()}_")}

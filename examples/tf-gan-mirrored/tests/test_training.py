@@ -26,7 +26,7 @@ from conftest import (
     start_training,
     summary,
 )
-from project import final_test, losses, monitored_improved, split_sizes
+from project import evaluated_samples, final_split, final_test, losses, monitored_improved, samples_per_epoch
 
 from gan_mirrored.kit.config import TrainConfig
 from gan_mirrored.kit.errors import ConfigError
@@ -37,19 +37,19 @@ def test_trains_and_writes_the_run_directory(reference):
     assert [record["epoch"] for record in records] == [1, 2, 3]
     assert monitored_improved(records)
     assert all(math.isfinite(record[name]) for record in records for name in losses(record))
-    _, val_samples, test_samples = split_sizes()
-    assert all(record["val_samples"] == val_samples for record in records)
+    assert all(record["val_samples"] == evaluated_samples("val") for record in records)
     header = (reference / "metrics.csv").read_text().splitlines()[0]
     assert header.split(",") == list(json.loads((reference / "metrics.jsonl").read_text().splitlines()[0]))
     for name in ["config.json", "checkpoints/checkpoint", "checkpoints/epoch-3.index", "checkpoints/best/checkpoint"]:
         assert (reference / name).is_file(), name
     result = summary(reference)
     assert result["epochs_run"] == 3 and result["stopped_early"] is False
-    assert result["test_samples"] == test_samples
+    split = final_split()  # "test", or "val" where data.py builds no test set
+    assert final_test(reference)[f"{split}_samples"] == evaluated_samples(split)
     assert all(math.isfinite(value) for value in final_test(reference).values())
     # The training speed leaves validation and the test out: their time is eval_time_s.
     assert result["eval_time_s"] > 0
-    trained = 3 * split_sizes()[0]
+    trained = 3 * samples_per_epoch()
     assert result["train_samples_per_s"] == pytest.approx(trained / result["train_time_s"], rel=0.01)
 
 

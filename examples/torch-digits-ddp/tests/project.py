@@ -2,39 +2,87 @@
 
 The tests compare runs with what your settings.py and data.py make of them, not with the
 template's placeholder numbers, so they keep testing your project once you have filled it in.
+Every run they start gets settings.py's TEST_DEFAULTS first (`test_flags`): there a project with a
+large corpus keeps its test runs to seconds, with {"steps_per_epoch": 8, "eval_batches": 2} say.
 """
 
 import functools
+import importlib
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+
+@functools.cache
+def test_flags() -> tuple[str, ...]:
+    """settings.py's TEST_DEFAULTS as flags: every test run gets them, before the test's own flags."""
+    from digits_ddp import settings  # imported here, once src/ is on the path
+    from digits_ddp.kit.config import TrainConfig
+
+    flags: list[str] = []
+    for name, value in getattr(settings, "TEST_DEFAULTS", {}).items():  # a settings.py from before it has none
+        if name not in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"settings.py: TEST_DEFAULTS names {name}, which is no flag (see --help)")
+        option = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{option}" if value else f"--no-{option}")
+        else:
+            flags += [f"--{option}", str(value)]
+    return tuple(flags)
+
 
 @functools.cache
 def project_settings() -> Any:
-    """The project's TrainConfig as a run without flags gets it: settings.py's values over the template's."""
-    from digits_ddp.kit.config import parse_config  # imported here, once src/ is on the path
+    """The project's TrainConfig as a test run without flags gets it: settings.py's DEFAULTS, then TEST_DEFAULTS."""
+    from digits_ddp.kit.config import parse_config
 
-    return parse_config([])
+    return parse_config(list(test_flags()))
 
 
 @functools.cache
-def split_sizes() -> tuple[int, ...]:
-    """The numbers of samples in the (train, validation, test) splits that data.py builds."""
-    from digits_ddp.data import build_datasets
-
-    return tuple(len(split) for split in build_datasets(project_settings()))
-
-
-def updates_per_epoch(global_batch_size: int | None = None) -> int:
-    """Optimizer updates in an epoch of the project's data; the short last global batch is kept."""
-    return math.ceil(split_sizes()[0] / (global_batch_size or project_settings().global_batch_size))
+def split_sizes() -> tuple[int | None, ...]:
+    """The numbers of samples in the (train, validation, test) splits that data.py builds (None: no test set),
+    after its prepare_data, if it has one, has written what build_datasets reads."""
+    data = importlib.import_module("digits_ddp.data")
+    if hasattr(data, "prepare_data"):
+        data.prepare_data(project_settings())
+    return tuple(None if split is None else len(split) for split in data.build_datasets(project_settings()))
 
 
-def resumed_message(updates: int, global_batch_size: int | None = None) -> str:
-    """What a run resumed from a checkpoint written after update `updates` prints."""
-    per_epoch = updates_per_epoch(global_batch_size)
+def updates_per_epoch() -> int:
+    """Optimizer updates in an epoch: the whole train set, the short last global batch kept, or --steps-per-epoch."""
+    updates = math.ceil(split_sizes()[0] / project_settings().global_batch_size)
+    return min(updates, project_settings().steps_per_epoch or updates)
+
+
+def samples_per_epoch() -> int:
+    """Training samples in an epoch: the whole train set, or --steps-per-epoch global batches."""
+    return min(split_sizes()[0], updates_per_epoch() * project_settings().global_batch_size)
+
+
+def evaluated_samples(split: str) -> int:
+    """Samples an evaluation of "val" or "test" uses: the whole split, or --eval-batches x --eval-batch-size."""
+    size = split_sizes()[("val", "test").index(split) + 1]
+    settings = project_settings()
+    return min(size, settings.eval_batches * settings.eval_batch_size or size)
+
+
+def epoch_of(updates: int) -> tuple[str, ...]:
+    """The flags that make an epoch `updates` updates long, for a test that stops, logs or validates at
+    given updates. The template's data has 16 global batches: a larger train set is cut to the first
+    `updates` batches of each epoch's shuffle (--steps-per-epoch), a smaller one skips the test."""
+    batches = math.ceil(split_sizes()[0] / project_settings().global_batch_size)
+    if batches < updates:
+        pytest.skip(f"this test counts on {updates} updates an epoch; the train set makes {batches}")
+    return ("--steps-per-epoch", str(updates))
+
+
+def resumed_message(updates: int, per_epoch: int | None = None) -> str:
+    """What a run resumed from a checkpoint written after update `updates` prints (epochs of `per_epoch`)."""
+    per_epoch = per_epoch or updates_per_epoch()
     epochs, update = divmod(updates, per_epoch)
     if update:
         return f"resumed after update {updates}, part-way through epoch {epochs + 1} (update {update} of {per_epoch})"
@@ -53,7 +101,12 @@ def losses(record: dict[str, Any]) -> list[str]:
     return [name for name in record if name.endswith("_loss")]
 
 
+def final_split() -> str:
+    """The split whose figures summary.json gives: "test", or "val" (the best epoch's) without a test set."""
+    return "val" if split_sizes()[2] is None else "test"
+
+
 def final_test(run_dir: Path) -> dict[str, Any]:
-    """The final test's results in summary.json: test_loss, test_accuracy, test_samples, ..."""
+    """The final figures in summary.json: test_loss, test_accuracy, test_samples, ... (val_* without a test set)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {name: value for name, value in summary.items() if name.startswith("test_")}
+    return {name: value for name, value in summary.items() if name.startswith(f"{final_split()}_")}

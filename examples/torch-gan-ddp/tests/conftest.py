@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from project import test_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -22,6 +23,11 @@ sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not t
 from gan_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (after the path above)
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
+
+# Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
+# update moves the weights), or a constant one (which does not depend on the run's length).
+ZERO_LR = ("--lr", "0", "--min-lr", "0")
+CONSTANT_LR = ("--schedule", "constant", "--min-lr", "0")
 
 
 @dataclass
@@ -48,8 +54,10 @@ def stop_runs_left_running():
 
 
 def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple[str, ...] = ()) -> list[str]:
-    """The command that trains into `run_dir`: plain python for one rank, torchrun for several."""
-    module = ["-m", "gan_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress", *flags]
+    """The command that trains into `run_dir`: plain python for one rank, torchrun for several.
+    settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
+    module = ["-m", "gan_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress"]
+    module += [*test_flags(), *flags]
     if launcher:
         return [*launcher, *module]
     if ranks == 1:

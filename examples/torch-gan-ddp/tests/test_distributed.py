@@ -11,6 +11,7 @@ import pytest
 from conftest import (
     PROJECT_ROOT,
     RUN_TIMEOUT_S,
+    ZERO_LR,
     assert_same_metrics,
     assert_same_weights,
     damage,
@@ -31,7 +32,7 @@ from conftest import (
     summary,
     training_command,
 )
-from project import resumed_message, split_sizes, updates_per_epoch
+from project import epoch_of, evaluated_samples, final_split, final_test, resumed_message, updates_per_epoch
 
 from gan_ddp.kit.checkpoint import checkpoints_in
 
@@ -56,7 +57,7 @@ def runs(tmp_path_factory):
         "two_then_one": start_training(root / "two_then_one", *EPOCHS, "--stop-after-epoch", "1", ranks=2),
         # Stopped after epoch 2, then resumed on 2 ranks once a bit of its newest checkpoint flipped on disk.
         "damaged": start_training(root / "damaged", *EPOCHS, "--stop-after-epoch", "2", ranks=2),
-        "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "1", ranks=2),
+        "early": start_training(root / "early", "--epochs", "6", *ZERO_LR, "--early-stop-patience", "1", ranks=2),
         "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2),
     }
     # "two_then_one" ends first, and is resumed on 1 rank while the others go on.
@@ -82,13 +83,12 @@ def test_two_ranks_match_one_rank(runs, variant):
 
 def test_evaluation_counts_every_sample_once(runs):
     root, _ = runs
-    _, val_samples, test_samples = split_sizes()
     # With the template's data the split is odd (251), so one rank evaluates a padded sample.
     for record in metrics(root / "two"):
-        assert record["val_samples"] == val_samples
-    assert summary(root / "two")["test_samples"] == test_samples
-    for name in [name for name in summary(root / "one") if name.startswith("test_")]:
-        assert summary(root / "two")[name] == pytest.approx(summary(root / "one")[name], rel=1e-5)
+        assert record["val_samples"] == evaluated_samples("val")
+    split = final_split()  # "test", or "val" where data.py builds no test set
+    assert final_test(root / "two")[f"{split}_samples"] == evaluated_samples(split)
+    assert final_test(root / "two") == pytest.approx(final_test(root / "one"), rel=1e-5)
 
 
 def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_run(tmp_path):
@@ -97,13 +97,13 @@ def test_resume_part_way_through_an_epoch_on_two_ranks_matches_an_uninterrupted_
     # The resumed run writes its checkpoints in the background while it trains (--async-checkpoints),
     # and runs the whole model, dropout included, again in each backward pass (--activation-checkpointing).
     sources = sources_recomputing_the_whole_model(tmp_path / "recomputed", sources_with_dropout(tmp_path / "dropout"))
-    flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5", "--ema-decay", "0.9")
+    flags = ("--epochs", "3", "--grad-accum-steps", "2", "--checkpoint-every", "5", "--ema-decay", "0.9", *epoch_of(16))
     straight = start_training(tmp_path / "straight", *flags, ranks=2, sources=sources)  # meanwhile, to compare with
     background = (*flags, "--async-checkpoints", "--activation-checkpointing")
     run_training(tmp_path / "resumed", *background, "--stop-after-step", "23", ranks=2, sources=sources)
     result = run_training(tmp_path / "resumed", *background, "--resume", ranks=2, sources=sources)
     finish(straight)
-    assert resumed_message(23) in result.stdout
+    assert resumed_message(23, per_epoch=16) in result.stdout
     assert not list((tmp_path / "resumed").rglob("*.tmp"))
     assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed"))
     assert_same_weights(final_average(tmp_path / "straight"), final_average(tmp_path / "resumed"))

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from conftest import (
+    CONSTANT_LR,
     assert_same_weights,
     edited_sources,
     final_average,
@@ -20,7 +21,7 @@ from conftest import (
     start_training,
     summary,
 )
-from project import final_test, resumed_message, updates_per_epoch
+from project import epoch_of, final_test, resumed_message, updates_per_epoch
 
 
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
@@ -44,7 +45,7 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     # that must not change a bit either.
     sources = sources_with_dropout(tmp_path / "dropout", sources_with_random_augmentation(tmp_path))
     sources = sources_recomputing_the_whole_model(tmp_path / "recomputed", sources)
-    flags = ("--epochs", "3", "--checkpoint-every", "10", "--ema-decay", "0.9")
+    flags = ("--epochs", "3", "--checkpoint-every", "10", "--ema-decay", "0.9", *epoch_of(16))
     straight = start_training(tmp_path / "straight", *flags, sources=sources)  # meanwhile, the run to compare with
     workers = ("--num-workers", "2", "--activation-checkpointing")
     stopped = run_training(tmp_path / "resumed", *flags, *workers, "--stop-after-step", "23", sources=sources)
@@ -95,7 +96,8 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path):
     imports = "from typing import Any\n"
     more_imports = "import time\nfrom pathlib import Path\n" + imports
     sources = edited_sources(tmp_path / "imports", "hooks.py", imports, more_imports, sources)
-    flags = ("--epochs", "3", "--global-batch-size", "8", "--log-every", "100000")  # 126 updates an epoch
+    # 126 updates an epoch with the template's data, and whole epochs however TEST_DEFAULTS cuts them.
+    flags = ("--epochs", "3", "--global-batch-size", "8", "--steps-per-epoch", "0", "--log-every", "100000")
     training = start_training(tmp_path / "run", *flags, sources=sources)
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / "updating").exists() and time.monotonic() < deadline:
@@ -114,7 +116,7 @@ def test_a_run_goes_on_from_the_updates_it_has_done_whatever_flags_led_there(tmp
     # A run's place is the number of updates it has done, whether it got there by --max-steps, --epochs,
     # --stop-after-step or --checkpoint-every. A constant learning rate does not depend on the run's length,
     # so a run extended several times ends exactly like one run straight to its end.
-    per_epoch, constant = updates_per_epoch(), ("--schedule", "constant")
+    per_epoch, constant = updates_per_epoch(), CONSTANT_LR
     straight = start_training(tmp_path / "straight", "--epochs", "3", *constant)  # meanwhile, to compare with
     chain = tmp_path / "chain"
     run_training(chain, "--max-steps", "4", *constant)  # ends part-way through epoch 1: validated and tested

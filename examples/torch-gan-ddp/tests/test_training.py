@@ -15,7 +15,9 @@ import sys
 
 import pytest
 from conftest import (
+    CONSTANT_LR,
     PROJECT_ROOT,
+    ZERO_LR,
     assert_same_metrics,
     assert_same_weights,
     damage,
@@ -32,11 +34,15 @@ from conftest import (
     training_command,
 )
 from project import (
+    epoch_of,
+    evaluated_samples,
+    final_split,
+    final_test,
     losses,
     monitored_improved,
     project_settings,
     resumed_message,
-    split_sizes,
+    samples_per_epoch,
     updates_per_epoch,
 )
 
@@ -61,7 +67,7 @@ def runs(tmp_path_factory):
         # Ends 4 updates into epoch 2.
         "max_steps": start_training(root / "max_steps", "--max-steps", max_steps, *cosine),
         # With a zero learning rate the validation loss never improves after the first epoch.
-        "early": start_training(root / "early", "--epochs", "6", "--lr", "0", "--early-stop-patience", "2"),
+        "early": start_training(root / "early", "--epochs", "6", *ZERO_LR, "--early-stop-patience", "2"),
         "nan": start_training(root / "nan", *diverging),
         "diverged": start_training(root / "diverged", *diverging, *skipping),
         "bad_split": start_training(root / "bad_split", "--global-batch-size", "63", "--grad-accum-steps", "2"),
@@ -79,9 +85,10 @@ def runs(tmp_path_factory):
     stopped = ("crashed", "changed_lr", "changed_model", "each_first", "each_second")
     results = {name: finish(started.pop(name)) for name in stopped}
     damage(root / "crashed" / "checkpoints" / "epoch-0002.pt")  # one bit flipped: it still loads
+    changed_lr = ("--lr", str(2 * project_settings().lr))
     resumed = {
         "crashed_resume": start_training(root / "crashed", "--epochs", "3", "--resume"),
-        "lr_refused": start_training(root / "changed_lr", "--epochs", "2", "--resume", "--lr", "1e-5"),
+        "lr_refused": start_training(root / "changed_lr", "--epochs", "2", "--resume", *changed_lr),
         # A setting of settings.py that changes the network's shape.
         "model_refused": start_training(root / "changed_model", "--epochs", "2", "--resume", "--hidden-size", "32"),
         "each_resumed": start(training_command(each, "--epochs", "1", "--resume"), root / "each_resumed.log"),
@@ -115,11 +122,12 @@ def test_trains_and_writes_the_run_directory(runs):
         assert (root / "reference" / name).is_file(), name
     result = summary(root / "reference")
     assert result["epochs_run"] == 3
-    assert result["test_samples"] == split_sizes()[2]
-    assert all(math.isfinite(value) for name, value in result.items() if name.startswith("test_"))
+    split = final_split()  # "test", or "val" where data.py builds no test set
+    assert final_test(root / "reference")[f"{split}_samples"] == evaluated_samples(split)
+    assert all(math.isfinite(value) for value in final_test(root / "reference").values())
     # The training speed leaves validation and the test out: their time is eval_time_s.
     assert result["eval_time_s"] > 0
-    trained = 3 * split_sizes()[0]
+    trained = 3 * samples_per_epoch()
     assert result["train_samples_per_s"] == pytest.approx(trained / result["train_time_s"], rel=0.01)
 
 
@@ -193,7 +201,7 @@ def test_eval_every_validates_part_way_and_leaves_training_alone(tmp_path):
     # 16 updates per epoch: validations at updates 6, 12, 18, 24 and 30 (the epoch ends validate
     # anyway), and a record of the training loss every 4 updates of an epoch besides.
     sources = sources_with_dropout(tmp_path)
-    flags = ("--epochs", "2", "--schedule", "constant", "--log-every", "4")
+    flags = ("--epochs", "2", *CONSTANT_LR, "--log-every", "4", *epoch_of(16))
     # These three go on while the run below is stopped part-way and resumed.
     plain = start_training(tmp_path / "plain", *flags, sources=sources)
     validated = start_training(tmp_path / "validated", *flags, "--eval-every", "6", sources=sources)
@@ -313,7 +321,8 @@ def test_resuming_with_a_changed_learning_rate_is_refused(runs):
     _, results = runs
     result = results["lr_refused"]
     assert result.returncode == 2
-    assert f"cannot resume with a changed --lr 1e-05 (the run used {project_settings().lr})" in result.stdout
+    used = project_settings().lr  # the refused run asked for twice that
+    assert f"cannot resume with a changed --lr {2 * used} (the run used {used})" in result.stdout
 
 
 def test_resuming_with_a_different_model_is_refused(runs):

@@ -16,3 +16,7 @@ class Settings:
 # Defaults for the template's own flags in this project, e.g. {"epochs": 30, "monitor": "val_accuracy"}.
 # A flag given on the command line still wins.
 DEFAULTS: dict[str, Any] = {}
+
+# What the project's own tests (pytest, tests/) train with, over DEFAULTS: on a large corpus, keep each
+# test run to seconds on a CPU, e.g. {"steps_per_epoch": 8, "eval_batches": 2}. A test's own flags still win.
+TEST_DEFAULTS: dict[str, Any] = {}

@@ -28,3 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "monitor": "val_quality",
     "monitor_mode": "max",
 }
+
+# What the project's own tests (pytest, tests/) train with, over DEFAULTS: on a large corpus, keep each
+# test run to seconds on a CPU, e.g. {"steps_per_epoch": 8, "eval_batches": 2}. A test's own flags still win.
+TEST_DEFAULTS: dict[str, Any] = {}

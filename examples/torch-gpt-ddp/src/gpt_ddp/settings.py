@@ -33,3 +33,6 @@ DEFAULTS: dict[str, Any] = {
     "min_lr": 2e-4,
     "warmup_steps": 100,
 }
+
+# The project's own tests (tests/) train 8 updates an epoch and validate on 2 batches: seconds a run on a CPU.
+TEST_DEFAULTS: dict[str, Any] = {"steps_per_epoch": 8, "eval_batches": 2}
