@@ -19,6 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from looptpl.cli import app
+from looptpl.variants import VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,3 +189,28 @@ def check_subset_runs(root: Path, code: str, in_order: str) -> None:
         assert not [name for name in summary if name.startswith("test_")]
         figures = {name: value for name, value in one[0].items() if name.startswith("val_")}
         assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)
+
+
+@pytest.fixture(scope="session")
+def projects(tmp_path_factory) -> dict[str, Path]:
+    """One rendered project per variant, named after its strategy (once per pytest-xdist worker that asks)."""
+    root = tmp_path_factory.mktemp("projects")
+    rendered = {}
+    for variant in VARIANTS:
+        name = variant.strategy.replace("-", "_")
+        destination = root / name
+        result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
+        assert result.exit_code == 0, result.stderr
+        rendered[variant.strategy] = destination
+    # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs
+    # (but from fsdp on several ranks: its sharded checkpoints use torch.distributed.checkpoint, which needs numpy).
+    (root / "no_numpy" / "numpy").mkdir(parents=True)
+    (root / "no_numpy" / "numpy" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("numpy is hidden from this test")\n'
+    )
+    return rendered
+
+
+def package_of(project: Path) -> str:
+    """The package of a project that `projects` rendered: named after its folder."""
+    return project.name

@@ -12,31 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, in_parallel, looptpl, run, trained_weights, user_files
+from conftest import REPO_ROOT, in_parallel, looptpl, package_of, run, trained_weights, user_files
 
 from looptpl.variants import VARIANTS
 
 TORCH_STRATEGIES = [variant.strategy for variant in VARIANTS if variant.backend == "torch"]
-
-
-@pytest.fixture(scope="module")
-def projects(tmp_path_factory) -> dict[str, Path]:
-    """One rendered project per variant, named after its strategy."""
-    root = tmp_path_factory.mktemp("projects")
-    rendered = {}
-    for variant in VARIANTS:
-        name = variant.strategy.replace("-", "_")
-        destination = root / name
-        result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
-        assert result.exit_code == 0, result.stderr
-        rendered[variant.strategy] = destination
-    # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs
-    # (but from fsdp on several ranks: its sharded checkpoints use torch.distributed.checkpoint, which needs numpy).
-    (root / "no_numpy" / "numpy").mkdir(parents=True)
-    (root / "no_numpy" / "numpy" / "__init__.py").write_text(
-        'raise ModuleNotFoundError("numpy is hidden from this test")\n'
-    )
-    return rendered
 
 
 MAX_FUNCTION_LINES = 60
@@ -47,10 +27,6 @@ def function_lengths(source: str) -> list[tuple[str, int]]:
     nodes = ast.walk(ast.parse(source))
     functions = [node for node in nodes if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
     return [(function.name, (function.end_lineno or function.lineno) - function.lineno + 1) for function in functions]
-
-
-def package_of(project: Path) -> str:
-    return project.name
 
 
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
@@ -140,47 +116,6 @@ def test_readme_table_names_every_file_of_the_package_and_whose_it_is(projects, 
     assert modules - named["yes"] - named["no"] == set(), "modules the README's table leaves out"
     stale = {name for name in named["no"] if not (package / name).exists() and not (projects[strategy] / name).exists()}
     assert stale == set(), "files the README's table names that the project lacks"
-
-
-# Each backend's variant whose project's suite runs whole; the others run what differs from it.
-REFERENCE = {"torch": "single", "tensorflow": "one-device"}
-
-
-def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
-    """The test files of a variant's suite that this suite runs.
-
-    All of them for each backend's reference variant. For the others, a test file that reads the
-    same as the reference's, package name aside, with the same helpers (conftest.py, project.py), runs
-    one process against the same engine code as there: only the files that differ run (the
-    distributed tests, say), and every file a user gets still runs in one variant of its backend.
-    """
-    project = projects[strategy]
-    files = sorted(path.name for path in (project / "tests").glob("test_*.py"))
-    backend = next(variant.backend for variant in VARIANTS if variant.strategy == strategy)
-    reference = projects.get(REFERENCE[backend])
-    if reference is None or reference == project:
-        return files
-
-    def reads_alike(name: str) -> bool:
-        ours, theirs = project / "tests" / name, reference / "tests" / name
-        if not theirs.exists():
-            return False
-        words = re.compile(rf"\b({package_of(project)}|{package_of(reference)})\b")
-        return words.sub("PKG", ours.read_text()) == words.sub("PKG", theirs.read_text())
-
-    if not all(reads_alike(helper) for helper in ("conftest.py", "project.py")):
-        return files
-    return [name for name in files if not reads_alike(name)]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
-def test_generated_project_passes_its_own_tests(projects, strategy):
-    files = [f"tests/{name}" for name in suite_files(projects, strategy)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
-    result = run(command, cwd=projects[strategy], timeout=1200)
-    assert result.returncode == 0, result.stdout[-8000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
 
 
 def train(project: Path, run_dir: Path, *flags: str, ranks: int = 1) -> subprocess.CompletedProcess:

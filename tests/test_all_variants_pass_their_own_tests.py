@@ -1,0 +1,54 @@
+"""Every variant's project passes its own test suite, as its user runs it with `pytest`.
+
+The longest module of this suite: pytest-xdist (`--dist loadscope`) hands each module to one worker
+and starts them in collection order, so this one, first by name, runs beside all the others.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import package_of, run
+
+from looptpl.variants import VARIANTS
+
+# Each backend's variant whose project's suite runs whole; the others run what differs from it.
+REFERENCE = {"torch": "single", "tensorflow": "one-device"}
+
+
+def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
+    """The test files of a variant's suite that this suite runs.
+
+    All of them for each backend's reference variant. For the others, a test file that reads the
+    same as the reference's, package name aside, with the same helpers (conftest.py, project.py), runs
+    one process against the same engine code as there: only the files that differ run (the
+    distributed tests, say), and every file a user gets still runs in one variant of its backend.
+    """
+    project = projects[strategy]
+    files = sorted(path.name for path in (project / "tests").glob("test_*.py"))
+    backend = next(variant.backend for variant in VARIANTS if variant.strategy == strategy)
+    reference = projects.get(REFERENCE[backend])
+    if reference is None or reference == project:
+        return files
+
+    def reads_alike(name: str) -> bool:
+        ours, theirs = project / "tests" / name, reference / "tests" / name
+        if not theirs.exists():
+            return False
+        words = re.compile(rf"\b({package_of(project)}|{package_of(reference)})\b")
+        return words.sub("PKG", ours.read_text()) == words.sub("PKG", theirs.read_text())
+
+    if not all(reads_alike(helper) for helper in ("conftest.py", "project.py")):
+        return files
+    return [name for name in files if not reads_alike(name)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
+def test_generated_project_passes_its_own_tests(projects, strategy):
+    files = [f"tests/{name}" for name in suite_files(projects, strategy)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    result = run(command, cwd=projects[strategy], timeout=1200)
+    assert result.returncode == 0, result.stdout[-8000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
