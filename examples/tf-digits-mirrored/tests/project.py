@@ -63,11 +63,11 @@ def samples_per_epoch() -> int:
     return min(split_sizes()[0], updates_per_epoch() * 40)
 
 
-def evaluated_samples(split: str, eval_batch_size: int = 100) -> int:
-    """Samples an evaluation of "val" or "test" uses at TRAIN_FLAGS' evaluation batch of 100: the whole split,
-    or --eval-batches x --eval-batch-size."""
+def evaluated_samples(split: str) -> int:
+    """Samples an evaluation of "val" or "test" uses in TRAIN_FLAGS' runs: the whole split, or --eval-batches
+    batches of 100."""
     size = split_sizes()[("val", "test").index(split) + 1]
-    return min(size, project_settings().eval_batches * eval_batch_size or size)
+    return min(size, project_settings().eval_batches * 100 or size)
 
 
 def resumed_message(updates: int) -> str:
