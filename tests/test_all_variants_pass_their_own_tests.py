@@ -1,7 +1,8 @@
 """Every variant's project passes its own test suite, as its user runs it with `pytest`.
 
-The longest module of this suite: pytest-xdist (`--dist loadscope`) hands each module to one worker
-and starts them in collection order, so this one, first by name, runs beside all the others.
+The longest part of this suite: pytest-xdist (`--dist loadscope`) hands each module, and each class, to
+one worker, in collection order. This module comes first by name, and its two classes (torch, TensorFlow)
+start at once on the two workers; the other modules go to whichever worker is free.
 """
 
 import re
@@ -44,11 +45,24 @@ def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
     return [name for name in files if not reads_alike(name)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
-def test_generated_project_passes_its_own_tests(projects, strategy):
+def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
     files = [f"tests/{name}" for name in suite_files(projects, strategy)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     result = run(command, cwd=projects[strategy], timeout=1200)
     assert result.returncode == 0, result.stdout[-8000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+# A class per backend: pytest-xdist's loadscope hands each class to a worker of its own, as it does a module.
+class TestTorchProjects:
+    @pytest.mark.slow
+    @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "torch"])
+    def test_generated_project_passes_its_own_tests(self, projects, strategy):
+        passes_its_own_tests(projects, strategy)
+
+
+class TestTensorflowProjects:
+    @pytest.mark.slow
+    @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "tensorflow"])
+    def test_generated_project_passes_its_own_tests(self, projects, strategy):
+        passes_its_own_tests(projects, strategy)

@@ -517,7 +517,9 @@ def test_an_example_that_names_its_package_outside_an_import_is_not_guessed(tmp_
 
 def terminal(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> pexpect.spawn:
     """`python -m looptpl ARGS` attached to a pseudo-terminal, as a person runs it."""
-    environment = {**os.environ, "TERM": "xterm", "LOOPTPL_HOME": str(cwd / "looptpl-home"), **(env or {})}
+    # COLUMNS and LINES (pytest-xdist's workers set them) would override the terminal's own size.
+    inherited = {name: value for name, value in os.environ.items() if name not in ("COLUMNS", "LINES")}
+    environment = {**inherited, "TERM": "xterm", "LOOPTPL_HOME": str(cwd / "looptpl-home"), **(env or {})}
     return pexpect.spawn(
         sys.executable,
         ["-m", "looptpl", *args],
@@ -525,7 +527,7 @@ def terminal(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> p
         env=environment,
         encoding="utf-8",
         timeout=120,
-        dimensions=(24, 200),  # wide enough that no line wraps
+        dimensions=(24, 400),  # wide enough that no line wraps, a long temporary folder included
     )
 
 

@@ -131,7 +131,7 @@ COVERED = (
     ),
     Covered(
         r"pytest",
-        "tests/test_generated_projects.py",
+        "tests/test_all_variants_pass_their_own_tests.py",
         ("def test_generated_project_passes_its_own_tests", '"pytest"'),
         "minutes: the generated project's own test suite",
     ),
