@@ -87,6 +87,26 @@ def test_one_function_holds_the_backward_the_clip_and_the_optimizer_step(project
     assert len(update) == 1 and ".step(stage.optimizer)" in update[0] and "max_grad_norm" in update[0]
 
 
+@pytest.mark.parametrize("strategy", ["single", "one-device"])
+def test_the_tests_budget_in_settings_py_becomes_flags_and_what_the_tests_expect(projects, strategy, tmp_path):
+    """settings.py's TEST_DEFAULTS: flags every test run gets first, and the counts tests/project.py expects."""
+    project = tmp_path / projects[strategy].name  # the package's name
+    shutil.copytree(projects[strategy], project, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache"))
+    settings = project / "src" / package_of(project) / "settings.py"
+    budget = '{"steps_per_epoch": 8, "eval_batches": 1, "eval_batch_size": 50, "progress": False}'
+    settings.write_text(settings.read_text().replace("TEST_DEFAULTS: dict[str, Any] = {}", f"TEST_DEFAULTS = {budget}"))
+    read = "import project; print(project.test_flags(), project.updates_per_epoch(), project.evaluated_samples('val'))"
+    result = run([sys.executable, "-c", read], cwd=project / "tests", env={"PYTHONPATH": "../src"})
+    assert result.returncode == 0, result.stdout
+    flags = "('--steps-per-epoch', '8', '--eval-batches', '1', '--eval-batch-size', '50', '--no-progress')"
+    # torch: epochs of 8 updates, evaluations of 1 batch of 50; TensorFlow's tests train TRAIN_FLAGS' runs
+    # (epochs of 26 updates at most, evaluation batches of 100), and take the evaluation budget.
+    assert result.stdout.split("\n")[-2] == f"{flags} " + ("8 50" if strategy == "single" else "26 100")
+    settings.write_text(settings.read_text().replace('"progress"', '"progres"'))
+    result = run([sys.executable, "-c", read], cwd=project / "tests", env={"PYTHONPATH": "../src"})
+    assert "settings.py: TEST_DEFAULTS names progres, which is no flag (see --help)" in result.stdout
+
+
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_todos_live_only_in_user_files(projects, strategy):
     package = projects[strategy] / "src" / package_of(projects[strategy])
