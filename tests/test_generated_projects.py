@@ -95,7 +95,7 @@ def test_the_tests_budget_in_settings_py_becomes_flags_and_what_the_tests_expect
     settings = project / "src" / package_of(project) / "settings.py"
     budget = '{"steps_per_epoch": 8, "eval_batches": 1, "eval_batch_size": 50, "progress": False}'
     settings.write_text(settings.read_text().replace("TEST_DEFAULTS: dict[str, Any] = {}", f"TEST_DEFAULTS = {budget}"))
-    read = "import project; print(project.test_flags(), project.updates_per_epoch(), project.evaluated_samples('val'))"
+    read = "from project import *; print(flags_for_tests(), updates_per_epoch(), evaluated_samples('val'))"
     result = run([sys.executable, "-c", read], cwd=project / "tests", env={"PYTHONPATH": "../src"})
     assert result.returncode == 0, result.stdout
     flags = "('--steps-per-epoch', '8', '--eval-batches', '1', '--eval-batch-size', '50', '--no-progress')"

@@ -15,7 +15,7 @@ import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
 import tensorflow as tf
-from project import test_flags
+from project import flags_for_tests
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -49,7 +49,7 @@ class Training:
 def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
     """Start training on the CPU, writing to `run_dir`, on `replicas` replicas (launcher.py says how).
     settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
-    command = launcher.command(run_dir, *test_flags(), *flags, replicas=replicas)
+    command = launcher.command(run_dir, *flags_for_tests(), *flags, replicas=replicas)
     environment = {
         **os.environ,
         "PYTHONPATH": str(sources),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from project import test_flags
+from project import flags_for_tests
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -57,7 +57,7 @@ def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple
     """The command that trains into `run_dir`: plain python for one rank, torchrun for several.
     settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
     module = ["-m", "charlm_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress"]
-    module += [*test_flags(), *flags]
+    module += [*flags_for_tests(), *flags]
     if launcher:
         return [*launcher, *module]
     if ranks == 1:

@@ -2,7 +2,7 @@
 
 The tests compare runs with what your settings.py and data.py make of them, not with the
 template's placeholder numbers, so they keep testing your project once you have filled it in.
-Every run they start gets settings.py's TEST_DEFAULTS first (`test_flags`): there a project with a
+Every run they start gets settings.py's TEST_DEFAULTS first (`flags_for_tests`): there a project with a
 large corpus keeps its test runs to seconds, with {"steps_per_epoch": 8, "eval_batches": 2} say.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 
 @functools.cache
-def test_flags() -> tuple[str, ...]:
+def flags_for_tests() -> tuple[str, ...]:
     """settings.py's TEST_DEFAULTS as flags: every test run gets them, before the test's own flags."""
     from charlm_ddp import settings  # imported here, once src/ is on the path
     from charlm_ddp.kit.config import TrainConfig
@@ -39,7 +39,7 @@ def project_settings() -> Any:
     """The project's TrainConfig as a test run without flags gets it: settings.py's DEFAULTS, then TEST_DEFAULTS."""
     from charlm_ddp.kit.config import parse_config
 
-    return parse_config(list(test_flags()))
+    return parse_config(list(flags_for_tests()))
 
 
 @functools.cache
