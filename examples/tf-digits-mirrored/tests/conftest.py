@@ -15,7 +15,7 @@ import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
 import tensorflow as tf
-from project import flags_for_tests
+from project import flags_for_tests, split_sizes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -26,6 +26,13 @@ RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # update moves the weights), or a constant one (which does not depend on the run's length).
 ZERO_LR = ("--lr", "0", "--min-lr", "0")
 CONSTANT_LR = ("--schedule", "constant", "--min-lr", "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_prepared():
+    """data.py's prepare_data, if it has one, runs once here, before the tests start runs side by side."""
+    split_sizes()
+
 
 # 1007 training samples = 25 global batches of 40 + a last one of 7, and 251 validation samples in
 # batches of 100: short last batches (launcher.py says how this project's strategy splits them).

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from project import flags_for_tests
+from project import flags_for_tests, split_sizes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -28,6 +28,12 @@ RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # update moves the weights), or a constant one (which does not depend on the run's length).
 ZERO_LR = ("--lr", "0", "--min-lr", "0")
 CONSTANT_LR = ("--schedule", "constant", "--min-lr", "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_prepared():
+    """data.py's prepare_data, if it has one, runs once here, before the tests start runs side by side."""
+    split_sizes()
 
 
 @dataclass

@@ -5,6 +5,7 @@ prepare_data writes the standard library's source text, one token per byte, to t
 val.bin (uint16, like nanoGPT's prepare.py); item i of a split is the window at token i.
 """
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def prepare_data(config: TrainConfig) -> None:
     for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):  # val last: it marks both done
         path = token_file(config, split)
         path.parent.mkdir(parents=True, exist_ok=True)
-        part.tofile(path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)  # whole or absent, never half-written
+        written = path.with_suffix(f".{os.getpid()}.tmp")  # a name of its own: two runs may prepare at once
+        part.tofile(written)
+        written.replace(path)  # whole or absent, never half-written
 
 
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset, None]:
