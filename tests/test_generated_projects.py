@@ -292,7 +292,7 @@ SHARED_DEFINITIONS = {
         "import_failure",
     ],
     "src/{{package_name}}/kit/evaluation.py": ["finite_or_raise"],
-    "tests/conftest.py.jinja": ["step_records"],
+    "tests/conftest.py.jinja": ["step_records", "data_prepared"],
 }
 
 

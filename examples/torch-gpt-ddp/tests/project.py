@@ -52,10 +52,14 @@ def split_sizes() -> tuple[int | None, ...]:
     return tuple(None if split is None else len(split) for split in data.build_datasets(project_settings()))
 
 
+def global_batches() -> int:
+    """The global batches of the whole train set, the short last one included."""
+    return math.ceil(split_sizes()[0] / project_settings().global_batch_size)
+
+
 def updates_per_epoch() -> int:
-    """Optimizer updates in an epoch: the whole train set, the short last global batch kept, or --steps-per-epoch."""
-    updates = math.ceil(split_sizes()[0] / project_settings().global_batch_size)
-    return min(updates, project_settings().steps_per_epoch or updates)
+    """Optimizer updates in an epoch: the whole train set's global batches, or --steps-per-epoch of them."""
+    return min(global_batches(), project_settings().steps_per_epoch or global_batches())
 
 
 def samples_per_epoch() -> int:
@@ -74,8 +78,7 @@ def epoch_of(updates: int) -> tuple[str, ...]:
     """The flags that make an epoch `updates` updates long, for a test that stops, logs or validates at
     given updates. The template's data has 16 global batches: a larger train set is cut to the first
     `updates` batches of each epoch's shuffle (--steps-per-epoch), a smaller one skips the test."""
-    batches = math.ceil(split_sizes()[0] / project_settings().global_batch_size)
-    if batches < updates:
+    if (batches := global_batches()) < updates:
         pytest.skip(f"this test counts on {updates} updates an epoch; the train set makes {batches}")
     return ("--steps-per-epoch", str(updates))
 
