@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -169,9 +170,10 @@ def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, dela
 @pytest.fixture
 def cancellable(monkeypatch):
     """looptpl's own SIGINT/SIGTERM handlers in this process, as the `looptpl` script installs them."""
-    handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     for name in ("cancelled", "exit_code", "_deferring", "_finished"):  # install() sets them: restored after
         monkeypatch.setattr(signals, name, getattr(signals, name))
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     signals.install()
     yield
     for each, handler in handlers.items():
@@ -241,6 +243,32 @@ def test_a_signal_then_a_failure_in_the_same_step_is_reported_as_the_cancellatio
     result = looptpl("new", str(tmp_path / "proj"), "--defaults")
     one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
     assert listing(tmp_path) == []
+
+
+class ModuleLock:
+    """Stands for importlib's module lock: a weakref callback runs when one dies."""
+
+
+def test_a_signal_inside_a_weakref_callback_still_cancels_in_one_line(tmp_path, monkeypatch, cancellable):
+    """Python cannot raise out of a weakref callback (importlib runs one for its module locks while a module
+    imports, CI caught a SIGTERM there): the signal is not printed as "Exception ignored" and lost, it cancels."""
+    sent = []
+
+    def copier_importing(project, answers, scratch):
+        def lock_released(_):
+            sent.append("SIGTERM")
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the callback
+
+        held = weakref.ref(ModuleLock(), lock_released)  # the lock dies at once and the callback runs
+        time.sleep(10)  # cancelled before this ends
+        del held
+
+    monkeypatch.setattr(render, "_copier_copy", copier_importing)
+    started = time.monotonic()
+    result = looptpl("new", str(tmp_path / "proj"), "--defaults")
+    assert sent, "the callback never ran"
+    one_line_error(result, "cancelled; nothing was written", code=128 + signal.SIGTERM)
+    assert time.monotonic() - started < 5 and listing(tmp_path) == []
 
 
 def test_a_signal_while_copier_runs_git_waits_for_that_git_before_cleaning_up(tmp_path, monkeypatch, cancellable):

@@ -5,6 +5,9 @@ write: SIGTERM (a `kill`, a CI timeout, a closing container) would otherwise end
 spot and leave a half-rendered staging folder and copier's temporary clone behind. A second signal
 during that cleanup is ignored, so the cleanup finishes. Inside `deferred()` the cancellation waits
 for the block's end: a step that makes a folder and notes it for the cleanup must not be cut in two.
+A signal that lands where Python cannot raise (a weakref callback or `__del__`, such as importlib's module
+locks run while a module imports) is sent again, so it cancels the command instead of being printed as
+"Exception ignored" and lost.
 After `finished()` (the command's work is in place) a signal cancels nothing. Without install()
 (looptpl used as a library, or in tests) Ctrl-C stays Python's KeyboardInterrupt, which the CLI
 reports the same way, and neither holds it back.
@@ -38,6 +41,24 @@ def _cancel(signum: int, frame: FrameType | None) -> None:
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
     if not _deferring:
+        raise Cancelled
+
+
+def _unraisable(report: "sys.UnraisableHookArgs") -> None:
+    """Python swallowed a Cancelled (raised in a weakref callback or `__del__`): cancel again, 10 ms later.
+
+    An alarm brings it back at a later line of the command, outside the callback (were that line in a
+    callback too, this runs again). Sending the signal from here would run the handler inside this hook.
+    """
+    if report.exc_type is not Cancelled:
+        sys.__unraisablehook__(report)
+    elif not _finished and hasattr(signal, "setitimer"):  # Windows has no alarms
+        signal.signal(signal.SIGALRM, _cancel_again)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+
+
+def _cancel_again(signum: int, frame: FrameType | None) -> None:
+    if not (_finished or _deferring):
         raise Cancelled
 
 
@@ -94,6 +115,7 @@ def install() -> None:
     exit_code, cancelled, _deferring, _finished = 130, False, False, False
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, _cancel)
+    sys.unraisablehook = _unraisable
 
 
 def ignore() -> None:
