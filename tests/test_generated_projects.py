@@ -78,6 +78,27 @@ def test_the_reading_path_is_ten_files_and_1200_lines_at_most(projects, strategy
         assert yours <= ({"settings"} if path.name == "config.py" else set()), (path.name, yours)
 
 
+# Words of FSDP's code: a single project holds none of them, in any file; a ddp project may name fsdp
+# as the strategy to switch to, but holds no sharding code.
+SHARDING_WORDS = {
+    "single": r"fsdp|dtensor|\bdcp\b|\.dcp\b|shard_units|fully_shard|sharded",
+    "ddp": r"dtensor|\.dcp\b|\bsharded\b",
+}
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_only_an_fsdp_project_holds_sharding_code(projects, strategy):
+    """FSDP's modules (sharded checkpoints, consolidate) are rendered into fsdp projects only."""
+    project = projects[strategy]
+    kit = project / "src" / package_of(project) / "kit"
+    assert not {"sharded.py", "consolidate.py"} & {path.name for path in kit.iterdir()}
+    for path in project.rglob("*"):
+        caches = {".git", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+        if path.is_file() and not caches & set(path.parts):
+            found = re.findall(SHARDING_WORDS[strategy], path.read_text(), flags=re.IGNORECASE)
+            assert not found, f"{path.relative_to(project)}: {sorted(set(found))}"
+
+
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "torch"])
 def test_one_function_holds_the_backward_the_clip_and_the_optimizer_step(projects, strategy):
     """The update reads as one function of train.py, as a hand-written loop has it."""
@@ -105,6 +126,51 @@ def test_the_tests_budget_in_settings_py_becomes_flags_and_what_the_tests_expect
     settings.write_text(settings.read_text().replace('"progress"', '"progres"'))
     result = run([sys.executable, "-c", read], cwd=project / "tests", env={"PYTHONPATH": "../src"})
     assert "settings.py: TEST_DEFAULTS names progres, which is no flag (see --help)" in result.stdout
+
+
+def test_the_contract_check_names_every_missing_name_and_wrong_signature_at_once(projects, tmp_path):
+    """kit/contract.py reads the user's files: what it must refuse, and what it must let through."""
+    project = tmp_path / "single"
+    shutil.copytree(projects["single"], project, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache", ".git"))
+    package = project / "src" / "single"
+
+    def edit(name: str, old: str, new: str) -> None:
+        text = (package / name).read_text()
+        assert old in text, (name, old)
+        (package / name).write_text(text.replace(old, new))
+
+    # Let through: a default, *args, a name imported from elsewhere, one assigned under try, a `*` import.
+    edit("step.py", "def train_step(model: nn.Module, batch: Any, config: TrainConfig)", "def train_step(*args: Any)")
+    edit("optim.py", "total_steps: int\n", "total_steps: int, log: bool = False\n")
+    edit("model.py", "def build_model(", "from .data import NUM_CLASSES as build_model  # noqa\n\n\ndef build_net(")
+    edit("data.py", "def build_datasets(", "def _build_datasets(")
+    chosen = "try:\n    from .fast import build_datasets\nexcept ImportError:\n    build_datasets = _build_datasets\n"
+    (package / "data.py").write_text((package / "data.py").read_text() + chosen)
+    (package / "metrics.py").write_text("from .loss import *  # noqa: F403\n")
+    result = run([sys.executable, "-m", "single.kit.contract"], cwd=project, env={"PYTHONPATH": "src"})
+    assert result.returncode == 0, result.stdout
+
+    # Refuse, all at once: too few arguments, a keyword the loop never passes, a missing file, a missing
+    # function, and a name one file imports from another that lacks it.
+    edit("step.py", "def eval_step(model: nn.Module, batch: Any, config: TrainConfig)", "def eval_step(model, batch)")
+    edit("optim.py", "def build_optimizer(model: nn.Module, config: TrainConfig)", "def build_optimizer(m, c, *, lr)")
+    (package / "hooks.py").unlink()
+    edit("data.py", chosen, "")
+    (package / "metrics.py").write_text("from .loss import per_sample_loss\n")
+    edit("step.py", "from .loss import per_sample_loss", "from .loss import per_sample_los")
+    result = run([sys.executable, "-m", "single.kit.contract"], cwd=project, env={"PYTHONPATH": "src"})
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    expected = [
+        "error: hooks.py: missing; the loop imports it, so make it again (see docs/todos.md#hookspy)",
+        "error: data.py: defines no build_datasets(config), which the loop calls; add it (see docs/todos.md#datapy)",
+        "error: step.py:36: eval_step must take 3 arguments, eval_step(model, batch, config), as the loop passes them",
+        "error: metrics.py: defines no dataset_metrics(means, gathered), which the loop calls",
+        "error: optim.py:13: build_optimizer must take 2 arguments, build_optimizer(model, config),",
+        "error: step.py:20: imports batch_metrics from metrics.py, which defines no batch_metrics; add it there",
+        "error: step.py:19: imports per_sample_los from loss.py, which defines no per_sample_los;",
+    ]
+    assert len(lines) == len(expected) and all(any(line.startswith(e) for line in lines) for e in expected), lines
 
 
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])

@@ -740,7 +740,68 @@ def test_a_project_made_before_the_kit_layout_updates_to_it_and_trains(tmp_path,
         "distributed.py",
     }
     assert (package / "kit" / "checkpoint.py").is_file() and not list(project.rglob("*.rej"))
+    assert not (package / "kit" / "sharded.py").exists()  # FSDP's checkpoints: fsdp projects only
     env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
     train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
     trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
     assert trained.returncode == 0 and "test_loss" in trained.stdout, trained.stdout[-5000:]
+
+
+# The last release before the step/metrics contract: metrics.py held per_sample_metrics, and there was no
+# step.py; the loop of today calls metrics.py's dataset_metrics, and today's step.py imports batch_metrics.
+BEFORE_STEP_CONTRACT = "e989a35"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,strategy", [("torch", "ddp"), ("tensorflow", "mirrored")])
+def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_path, install, backend, strategy):
+    known = subprocess.run(["git", "cat-file", "-e", f"{BEFORE_STEP_CONTRACT}^{{commit}}"], cwd=REPO_ROOT, check=False)
+    if known.returncode != 0:
+        pytest.skip(f"this clone lacks the history back to {BEFORE_STEP_CONTRACT}")
+    repository = release_then_this_checkout(tmp_path / "template", BEFORE_STEP_CONTRACT)
+    install(V1, repository)
+    project = tmp_path / "proj"
+    assert looptpl("new", str(project), "--backend", backend, "--strategy", strategy).exit_code == 0
+    package = project / "src" / "proj"
+    metrics = package / "metrics.py"
+    metrics.write_text(metrics.read_text().replace("# TODO(metrics)", "# DONE(metrics)"))  # the user's own
+    git(project, "commit", "-qam", "My metrics")
+    mine = metrics.read_text()
+
+    install(V2, repository)
+    result = looptpl("update", str(project))
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    assert metrics.read_text() == mine  # yours: the update says what it needs, and changes nothing
+    needs = [
+        "metrics.py: defines no dataset_metrics(means, gathered), which the loop calls; add it "
+        "(see docs/todos.md#metricspy)",
+        "step.py:",  # today's step.py (new to this project) imports batch_metrics from metrics.py
+    ]
+    listed = result.stdout[result.stdout.index("Your files lack what the new loop calls") :]
+    assert all(need in listed for need in needs), listed
+    assert "need attention: " in result.stderr and "metrics.py" in result.stderr
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "Update")
+    # Training, the project's tests and `looptpl check` say the same, one line each, before anything runs.
+    env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path / "run")]
+    trained = run(train, cwd=project, timeout=300, env=env)
+    assert trained.returncode == 1 and "Traceback" not in trained.stdout
+    assert all(f"error: {need}" in trained.stdout for need in needs), trained.stdout
+    tests = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"], cwd=project, timeout=300)
+    assert tests.returncode == 1 and "Traceback" not in tests.stdout
+    assert all(f"error: {need}" in tests.stdout for need in needs), tests.stdout
+    checked = looptpl("check", str(project))
+    assert checked.exit_code == 3 and all(f"error: {need}" in checked.stderr for need in needs)
+
+    # The port the docs show: today's metrics.py functions (and, for TensorFlow, data.py's make_batches).
+    fresh = tmp_path / "fresh"
+    assert looptpl("new", str(fresh), "--backend", backend, "--strategy", strategy, "--no-git").exit_code == 0
+    ported = ["metrics.py", "data.py"] if backend == "tensorflow" else ["metrics.py"]
+    for name in ported:
+        shutil.copy(fresh / "src" / "fresh" / name, package / name)
+        edit = (package / name).read_text().replace("from fresh.", "from proj.")
+        (package / name).write_text(edit)
+    assert looptpl("check", str(project)).exit_code == 0
+    if backend == "torch":  # trains again (the TensorFlow loop is the same check; its start-up is the slow part)
+        assert run(train, cwd=project, timeout=300, env=env).returncode == 0

@@ -310,6 +310,7 @@ def update(
     # stay deleted on every update, so they fail the update itself only.
     stranded = sorted({edit.path for edit in outcome.stranded})
     attention = [*outcome.conflicts, *stranded] if dry_run else [*outcome.conflicts, *stranded, *outcome.deleted]
+    attention += [line.partition(":")[0] for line in outcome.unmet]  # "metrics.py: defines no ..."
     attention = list(dict.fromkeys(attention))  # a file with markers and a stranded edit, named once
     if attention:
         need = "would need" if dry_run else "need"
@@ -345,6 +346,13 @@ def report_update(
             "FILE), commit and update again:"
         )
         typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
+    if outcome.unmet:
+        lack, train = ("would lack", "would not train") if dry_run else ("lack", "will not train")
+        typer.echo(
+            f"Your files {lack} what the new loop calls, so the project {train} until you add it "
+            "(your files are yours: an update never changes them):"
+        )
+        typer.echo("\n".join(f"  {line}" for line in outcome.unmet))
     if dry_run:
         typer.echo(f"Nothing was changed. Run `{update_command(path, conflict, strategy)}` to apply.")
     elif outcome.conflicts:
@@ -405,8 +413,10 @@ def check(
 ) -> None:
     """Tell whether this looptpl has a newer template than a project; exit 1 if so (for CI), 3 on conflicts.
 
-    Exit 3 while files still hold the conflict markers of an update."""
-    from looptpl.update import Status, files_with_markers, plan_update
+    Exit 3 while files still hold the conflict markers of an update, or while your files lack what the
+    project's loop calls."""
+    from looptpl import contract
+    from looptpl.update import Status, files_with_markers, plan_update, read_answers
 
     unfinished = files_with_markers(path)  # first: whatever else is wrong, an unfinished merge is named
     if unfinished:
@@ -416,7 +426,11 @@ def check(
             err=True,
         )
         raise typer.Exit(NEEDS_ATTENTION)
-    plan = plan_update(path)
+    answers = read_answers(path)
+    if unmet := contract.unmet(path, answers.get("package_name")):
+        typer.echo("\n".join(f"error: {line}" for line in unmet), err=True)
+        raise typer.Exit(NEEDS_ATTENTION)
+    plan = plan_update(path, answers)
     ours = f"this looptpl's template ({plan.template.label})"
     if plan.status is Status.CURRENT:
         typer.echo(f"{path} is up to date with {ours}.")

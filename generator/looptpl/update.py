@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from looptpl import signals
+from looptpl import contract, signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
@@ -63,6 +63,8 @@ class Outcome:
     strategy: str = ""  # the strategy the project switched to (--strategy), if it did
     # The user's edits to template code that the new version moved to another file or removed.
     stranded: list[StrandedEdit] = field(default_factory=list)
+    # What the merged project's files lack of what its loop calls (its kit/contract.py check), one line each.
+    unmet: list[str] = field(default_factory=list)
 
 
 def plan_update(project: Path, answers: dict[str, Any] | None = None) -> Plan:
@@ -117,7 +119,7 @@ def update_project(
         owned = _owned_changes(plan, old, new, yours)
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
-        outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first)
+        outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers["package_name"])
     return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""), stranded=stranded)
 
 
@@ -130,8 +132,10 @@ def _merge(
     changes: dict[str, str],
     missing: list[str],
     first: str,
+    package: object,
 ) -> Outcome:
-    """Run copier's merge in the project (or in a throwaway clone of it, for a dry run)."""
+    """Run copier's merge in the project (or in a throwaway clone of it, for a dry run), then check the
+    merged project's files against what its loop calls."""
     label = plan.template.label
     merging = f"Merging template {label} into {project}: rendering {plan.current} and the new template"
     if dry_run:
@@ -141,14 +145,16 @@ def _merge(
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
                 _run_copier(copy, plan.template.ref, conflict, changes)
-            return _with_deleted(_outcome(plan, copy), copy, missing, first)
+            outcome = _with_deleted(_outcome(plan, copy), copy, missing, first)
+            return dataclasses.replace(outcome, unmet=contract.unmet(copy, package))
     try:
         with phase(f"{merging}..."):
             _run_copier(project, plan.template.ref, conflict, changes)
     except BaseException:
         put_back(top)
         raise
-    return _with_deleted(_outcome(plan, project), project, missing, first)
+    outcome = _with_deleted(_outcome(plan, project), project, missing, first)
+    return dataclasses.replace(outcome, unmet=contract.unmet(project, package))
 
 
 def put_back(top: Path) -> None:

@@ -11,7 +11,7 @@ Launch:
 Read it top to bottom: `main` sets up the processes, `run` builds the model and data, `Trainer`
 builds the run (wrap, compile, optimizers, schedules), `fit` runs the epochs, `train_epoch` the
 updates, and `update` is one optimizer update: micro-steps, the exact loss scaling, backward,
-gradient sync, clipping, the step. distributed.py holds the strategy (DDP, FSDP); your code lives in
+gradient sync, clipping, the step. distributed.py holds the strategy (DDP); your code lives in
 data.py, model.py, step.py, loss.py, metrics.py, optim.py, hooks.py and settings.py. kit/ holds the
 machinery that the loop calls in one line (checkpoints, data order, logs, config, messages): you
 never need to open it to follow a run. `--help` lists every flag, yours first.
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from .kit.contract import problems
 from .kit.errors import (
     ConfigError,
     RunError,
@@ -41,6 +42,12 @@ from .kit.errors import (
     several_models_hint,
     three_datasets,
 )
+
+# Before your files are imported: each function or class the loop calls that they lack, or that takes other
+# arguments than the loop passes, in one line (an update of the template may have changed what it calls).
+if mismatches := problems(Path(__file__).parent):
+    report("\n".join(f"error: {line}" for line in mismatches))
+    sys.exit(1)
 
 try:  # your files are imported here (settings.py by kit/config.py): a mistake in one is one line, not a traceback
     from . import data, distributed

@@ -15,14 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from .checkpoint import options_for
 
 
 class WeightAverage:
-    """The moving average of a model's parameters, kept beside them on the same device and, under
-    FSDP, in the same shards."""
+    """The moving average of a model's parameters, kept beside them on the same device."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.model = model
@@ -32,8 +30,8 @@ class WeightAverage:
         self.updates = 0
 
     def weights(self) -> list[torch.Tensor]:
-        """The parameters' values on this rank: under FSDP, this rank's shard of each."""
-        return [_local(parameter.detach()) for parameter in self.parameters]
+        """The parameters' values."""
+        return [parameter.detach() for parameter in self.parameters]
 
     @torch.no_grad()
     def update(self) -> None:
@@ -58,8 +56,8 @@ class WeightAverage:
             torch._foreach_copy_(weights, saved)
 
     def state_dict(self, options: StateDictOptions) -> dict[str, Any]:
-        """The average as a state dict of the model, whole or in shards as `options` say (every rank
-        must call this under FSDP): the checkpoint's "ema" entry loads into the model like its "model" entry."""
+        """The average as a state dict of the model, as `options` say: the checkpoint's "ema" entry loads
+        into the model like its "model" entry."""
         with self.swapped_in():
             state: dict[str, torch.Tensor] = get_model_state_dict(self.model, options=options)  # type: ignore[assignment]
             # Copies, taken before the weights come back: the state's tensors share the parameters' memory.
@@ -70,8 +68,3 @@ class WeightAverage:
         with self.swapped_in():
             set_model_state_dict(self.model, state["weights"], options=options_for(state["weights"]))
         self.updates = state["updates"]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's part on this rank (a view: writing to it writes to the DTensor), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

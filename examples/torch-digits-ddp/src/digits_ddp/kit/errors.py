@@ -19,7 +19,7 @@ from typing import Any
 USER_FILES = ("data.py", "model.py", "step.py", "loss.py", "metrics.py", "optim.py", "settings.py", "hooks.py")
 
 
-# How a failed collective reads (an FSDP forward is one): train.py explains those, not as a mistake in your code.
+# How a failed collective reads (a forward can be one): train.py explains those, not as a mistake in your code.
 COLLECTIVE_FAILURES = ("timed out", "Timed out", "Connection closed by peer", "Connection reset by peer", "NCCL")
 
 

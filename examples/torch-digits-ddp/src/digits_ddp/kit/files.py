@@ -85,8 +85,8 @@ def _feed(value: Any, digest: "hashlib._Hash") -> None:
 
 
 def link_best(source: Path, target: Path) -> None:
-    """Point `target` (best.pt or best.dcp) at a checkpoint's data without copying it (hard links
-    where possible); the best checkpoint of the other kind, from a run on another number of ranks, goes."""
+    """Point `target` (`best` with the checkpoint's suffix) at a checkpoint's data without copying it
+    (hard links where possible); a best checkpoint of another kind (another suffix) goes."""
     linked = temporary(target)
     remove(linked)
     if source.is_dir():
@@ -95,8 +95,9 @@ def link_best(source: Path, target: Path) -> None:
             _link(file, linked / file.name)
     else:
         _link(source, linked)
-    for old in (target.with_suffix(".pt"), target.with_suffix(".dcp")):
-        remove(old)
+    for old in target.parent.glob(target.stem + ".*"):
+        if old.name != linked.name:
+            remove(old)
     os.replace(linked, target)
 
 

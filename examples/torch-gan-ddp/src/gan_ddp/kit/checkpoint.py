@@ -2,21 +2,17 @@
 
 A checkpoint holds the model and optimizer states keyed by parameter name, without any DDP
 `module.` prefix, so it loads into any strategy and any number of ranks. Rank 0 writes it as one
-file of whole tensors, except under FSDP on several ranks, where every rank writes its own shards
-(sharded.py). Files are only loaded with `weights_only=True`: a checkpoint file can hold tensors
-and plain data, never code.
+file of whole tensors. Files are only loaded with `weights_only=True`: a checkpoint file can hold
+tensors and plain data, never code.
 """
 
 import copy
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -24,11 +20,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.tensor import DTensor
 
 from .. import distributed
 from ..distributed import Runtime
-from . import files, rng, sharded
+from . import files, rng
 from .config import TrainConfig
 from .errors import CheckpointError
 
@@ -37,16 +32,14 @@ if TYPE_CHECKING:
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, gathered on rank 0
 FULL = StateDictOptions(full_state_dict=True)  # whole tensors on every rank
-SHARDS = StateDictOptions()  # each rank's own shards (DTensors); whole tensors when the model is not sharded
 
 
 class Checkpointer:
     """Saves `epoch-NNNN` after every epoch (and `epoch-NNNN-step-SSSSSSSS` part-way through epoch
     NNNN, after update SSSSSSSS), keeps the newest few, and links the best to `best`.
 
-    A checkpoint is one file (`.pt`) written by rank 0 or, when FSDP shards the model over several
-    ranks, a folder (`.dcp`) every rank writes its shards into (sharded.py). Either kind resumes on
-    any number of ranks. The names sort in the order they were written.
+    A checkpoint is one file (`.pt`) written by rank 0; it resumes on any number of ranks. The names
+    sort in the order they were written.
 
     In the background (--async-checkpoints), `save` takes a copy of the state in host memory and a
     thread writes it while training goes on; the rename that makes it a checkpoint, the best link
@@ -66,31 +59,27 @@ class Checkpointer:
         self.runtime = runtime
         self.keep = config.keep_checkpoints
         self.model, self.optimizers, self.ema = model, optimizers, ema
-        self.sharded = sharded.is_sharded(model)
         self.in_background = config.async_checkpoints
-        # Rank 0 writes a checkpoint file in a thread; DCP runs a sharded save's collectives in its own
-        # thread, in a process group of its own that keeps them apart from training's.
-        self.writer = ThreadPoolExecutor(max_workers=1) if self.in_background and not self.sharded else None
-        self.group = dist.new_group(backend="gloo") if self.in_background and self.sharded else None
+        self.writer = ThreadPoolExecutor(max_workers=1) if self.in_background else None  # rank 0 writes in it
         self.writing: tuple[Future | None, Path, bool] | None = None  # a save in progress: its folder, is_best
 
     def save(self, state: dict[str, Any], name: str, is_best: bool, running: dict[str, Any] | None = None) -> None:
-        """Every rank must call this: FSDP gathers or writes the shards, and every rank's RNG state is kept.
+        """Every rank must call this: every rank's RNG state is kept.
 
         `running`: this rank's running totals of the epoch in progress, kept for every rank.
         """
         self.finish()  # one save at a time
-        payload = {**state, **self.weights(SHARDS if self.sharded else FULL_ON_RANK0)}
+        payload = {**state, **self.weights(FULL_ON_RANK0)}
         payload["rng"] = _per_rank(rng.state(self.runtime), self.runtime.world_size)
         payload["world_size"] = self.runtime.world_size
         if running is not None:
             running = {**running, "skipped": torch.tensor([running["skipped"]])}
             payload["running"] = _per_rank(running, self.runtime.world_size)
-        path = self.directory / (name + (sharded.SUFFIX if self.sharded else ".pt"))
+        path = self.directory / (name + ".pt")
         written: Future | None
         try:
-            written = self.write_shards(payload, path) if self.sharded else self.write_file(payload, path)
-        except (OSError, CheckpointException) as error:
+            written = self.write_file(payload, path)
+        except OSError as error:
             written = Future()
             written.set_exception(error)  # `finish` reports it
         self.writing = (written, path, is_best)
@@ -98,8 +87,8 @@ class Checkpointer:
             self.finish()
 
     def finish(self) -> None:
-        """Complete the save in progress, if any, once written: rename a sharded folder, link the best
-        checkpoint, drop the oldest; or fail on every rank. Every rank must call this."""
+        """Complete the save in progress, if any, once written: link the best checkpoint, drop the
+        oldest; or fail on every rank. Every rank must call this."""
         if self.writing is None:
             return
         written, path, is_best = self.writing
@@ -108,9 +97,7 @@ class Checkpointer:
         try:
             if written is not None:
                 written.result()
-            if self.sharded:
-                self.seal(path)
-        except (OSError, CheckpointException) as error:
+        except OSError as error:
             problem = f"could not write {path} ({first_line(error)}); older checkpoints are intact, free some space"
         if self.runtime.is_main and not problem:
             if is_best:
@@ -130,29 +117,6 @@ class Checkpointer:
             return self.writer.submit(files.save, copy.deepcopy(payload), path)
         files.save(payload, path)
         return None
-
-    def write_shards(self, payload: dict[str, Any], path: Path) -> Future | None:
-        """Every rank writes its shards into a temporary folder (`finish` renames it), rank 0 trainer.pt;
-        in the background, returns the writing's Future."""
-        folder = files.temporary(path)
-        shards, rest = sharded.split(payload)
-        if self.runtime.is_main:
-            files.remove(folder)  # left by a run killed while it wrote
-            files.save(rest, folder / sharded.TRAINER_FILE)
-        distributed.barrier()  # DCP writes into the folder rank 0 made
-        if self.group is not None:
-            return sharded.save_in_background(shards, folder, self.group)
-        sharded.save(shards, folder)
-        return None
-
-    def seal(self, path: Path) -> None:
-        """Complete a sharded folder once every rank has written its shards: its manifest, then the
-        rename that makes it a checkpoint (every rank must call this)."""
-        folder = files.temporary(path)
-        sharded.seal(folder, self.runtime.rank, self.runtime.world_size)
-        if self.runtime.is_main:
-            files.remove(path)  # a folder of the same name, from an attempt that resumed before it
-            os.replace(folder, path)
 
     def weights(self, options: StateDictOptions, with_optimizers: bool = True) -> dict[str, Any]:
         """The model's state, the optimizers' and the moving average's, as a checkpoint holds them."""
@@ -200,7 +164,7 @@ class Checkpointer:
             problem = ""
             try:
                 checkpoint = self.read(path)
-            except (Exception, CheckpointException) as error:  # a truncated or corrupt one: fall back to an older one
+            except Exception as error:  # a truncated or corrupt one: fall back to an older one
                 problem = first_line(error)
             # Every rank must resume from the same checkpoint: one that any rank cannot read is skipped by all.
             if not distributed.any_rank(bool(problem))[0]:
@@ -222,18 +186,8 @@ class Checkpointer:
         return found
 
     def read(self, path: Path, with_optimizers: bool = True) -> dict[str, Any]:
-        """A checkpoint, exactly as it was written, or a CheckpointError (every rank must call this);
-        a sharded one comes in this run's sharding."""
-        if path.suffix != sharded.SUFFIX:
-            return files.load(path)
-        problem = sharded.check(path, self.runtime.rank, self.runtime.world_size)
-        if distributed.any_rank(bool(problem))[0]:
-            raise CheckpointError(problem or "a file another rank checked is damaged")
-        rest = sharded.read_trainer(path)
-        if not with_optimizers:
-            del rest["optimizer"]
-        # This run's own states give the shapes and shards to load into (and are overwritten by them).
-        return sharded.load(rest, self.weights(SHARDS, with_optimizers), path)
+        """A checkpoint, exactly as it was written, or a CheckpointError."""
+        return files.load(path)
 
     def restore(self, path: Path, checkpoint: dict[str, Any]) -> None:
         """Load weights, optimizer states, the moving average and this rank's RNG state from a checkpoint."""
@@ -269,15 +223,13 @@ class Checkpointer:
         the run's results are kept either way.
         """
         self.finish()
-        [path] = [*self.directory.glob("best.pt"), *self.directory.glob("best" + sharded.SUFFIX)] or [
-            self.directory / "best.pt"
-        ]
+        path = self.directory / "best.pt"
         try:
             checkpoint = self.read(path, with_optimizers=False)
             set_model_state_dict(self.model, checkpoint["model"], options=options_for(checkpoint["model"]))
             if self.ema is not None:
                 self.ema.load_state_dict(checkpoint["ema"])
-        except (Exception, CheckpointException) as error:
+        except Exception as error:
             if self.runtime.is_main:
                 print(f"warning: cannot load {path} ({first_line(error)}); testing the last weights", flush=True)
             return f"last ({path.name} unreadable)"
@@ -286,24 +238,24 @@ class Checkpointer:
 
 def checkpoints_in(directory: Path) -> list[Path]:
     """The checkpoints in `directory`, oldest first (`epoch-0002-step-00000020` sorts before `epoch-0002`)."""
-    found = [*directory.glob("epoch-*.pt"), *directory.glob("epoch-*" + sharded.SUFFIX)]
+    found = list(directory.glob("epoch-*.pt"))
     return sorted(found, key=lambda path: path.stem + ".")
 
 
 def options_for(state: dict[str, Any]) -> StateDictOptions:
-    """How to load a model state: shard by shard when it holds shards (DTensors), else whole."""
-    return SHARDS if any(isinstance(value, DTensor) for value in state.values()) else FULL
+    """How to load a model state: whole tensors, which every rank holds."""
+    return FULL
 
 
 def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:
     """Load weights from `path` into `model` and freeze it: for a model that only predicts (a teacher).
 
     Accepts a plain state dict, or a checkpoint of a project like this one with one network (its
-    "model" entry), file or sharded folder: a teacher trained by another run, say.
+    "model" entry): a teacher trained by another run, say.
     """
     try:
         state = load_whole(path)
-    except (Exception, CheckpointException) as error:
+    except Exception as error:
         raise CheckpointError(f"cannot read frozen weights {path} ({first_line(error)}); check the path") from None
     state = state.get("model", state)
     try:
@@ -314,12 +266,9 @@ def load_frozen(model: nn.Module, path: str | Path) -> nn.Module:
 
 
 def load_whole(path: str | Path) -> dict[str, Any]:
-    """A checkpoint, file or sharded folder, as one dict of whole tensors on the CPU, read by this
-    process alone: for inference, export, or a look at the weights."""
-    path = Path(path)
-    if path.is_dir():
-        return sharded.load_whole(path)
-    return files.load(path)
+    """A checkpoint as one dict of whole tensors on the CPU, read by this process alone: for inference,
+    export, or a look at the weights."""
+    return files.load(Path(path))
 
 
 def _per_rank(tensors: dict[str, torch.Tensor], world_size: int) -> list[dict[str, torch.Tensor]]:

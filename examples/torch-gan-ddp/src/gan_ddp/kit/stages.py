@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..distributed import Runtime, start_sum
 from .callbacks import NonFiniteGuard
@@ -165,8 +164,7 @@ def grad_norms(stages: list[Stage]) -> dict[str, float]:
     norms = {}
     for stage in stages:
         if stage.grad_norm is not None:
-            norm = stage.grad_norm.full_tensor() if isinstance(stage.grad_norm, DTensor) else stage.grad_norm
-            norms["grad_norm" if len(stages) == 1 else f"grad_norm_{stage.name}"] = float(norm)
+            norms["grad_norm" if len(stages) == 1 else f"grad_norm_{stage.name}"] = float(stage.grad_norm)
     return norms
 
 

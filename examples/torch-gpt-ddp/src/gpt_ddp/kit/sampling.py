@@ -15,7 +15,7 @@ without random draws pays nothing for it.
 
 Evaluation: rank r takes samples r, r + N, r + 2N, ... of the split (of its --eval-batches subset,
 drawn once in `evaluated_samples`). A rank whose shard needs one batch fewer runs a padding batch,
-so every rank runs the same number of batches (FSDP needs that: each forward is a collective);
+so every rank runs the same number of batches (a forward can be a collective every rank must join);
 its values are dropped, so every sample counts exactly once.
 """
 

@@ -4,7 +4,7 @@ Each rank evaluates its own shard (sampling.py; streaming.py for a stream). A `M
 adds its weighted total and its weight; one all-reduce sums them over the ranks, and total /
 weight is the split's mean. A `Gather` collects per-sample rows from every rank, back in dataset
 order, for metrics.py's `dataset_metrics`. Ranks whose shard is a batch shorter run a padding
-batch, only so that every rank joins FSDP's collectives: its values are dropped.
+batch, only so that every rank joins the same collectives: its values are dropped.
 """
 
 import contextlib
