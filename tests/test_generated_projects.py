@@ -173,6 +173,37 @@ def test_the_contract_check_names_every_missing_name_and_wrong_signature_at_once
     assert len(lines) == len(expected) and all(any(line.startswith(e) for line in lines) for e in expected), lines
 
 
+# shard_units mistakes (fsdp's model.py) and what a run on one process says, before any sharding.
+SHARD_UNITS_MISTAKES = {
+    "return [model]": "got the Sequential itself: return the blocks in it",
+    "return [*model.children(), next(model.children())]": "got a Linear twice: return each block once",
+    "pass": "got NoneType",  # a forgotten return
+}
+
+
+def test_shard_units_mistakes_are_one_line_on_one_process_too(projects, tmp_path):
+    """FSDP shards only on several ranks, but what shard_units returns is checked on one process too."""
+    default = "    return [layer for layer in model.children() if any(p.requires_grad for p in layer.parameters())]"
+    copies = []
+    for index, mistake in enumerate(SHARD_UNITS_MISTAKES):
+        copy = tmp_path / f"mistake{index}" / "fsdp"
+        shutil.copytree(projects["fsdp"], copy, ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache", ".git"))
+        model = copy / "src" / "fsdp" / "model.py"
+        assert default in model.read_text()
+        model.write_text(model.read_text().replace(default, f"    {mistake}"))
+        copies.append(copy)
+    train = [sys.executable, "-m", "fsdp.train", "--device", "cpu", "--epochs", "1", "--no-progress"]
+    results = in_parallel(
+        *[
+            lambda copy=copy: run([*train, "--run-dir", str(copy / "run")], cwd=copy, env={"PYTHONPATH": "src"})
+            for copy in copies
+        ]
+    )
+    for result, message in zip(results, SHARD_UNITS_MISTAKES.values(), strict=True):
+        expected = f"error: model.py: shard_units(model) must return a list of the model's blocks; {message}\n"
+        assert result.returncode == 1 and result.stdout.endswith(expected), result.stdout
+
+
 @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
 def test_todos_live_only_in_user_files(projects, strategy):
     package = projects[strategy] / "src" / package_of(projects[strategy])

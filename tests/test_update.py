@@ -558,7 +558,9 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     refused = looptpl("update", str(project), "--strategy", "mirrored")
     assert refused.exit_code == 2 and "a tensorflow strategy and this project is torch code" in refused.stderr
     result = looptpl("update", str(project), "--strategy", "fsdp")  # at the same template version
-    assert result.exit_code == 0, result.stderr
+    # The fsdp loop calls model.py's shard_units, which a single project's model.py lacks: exit 3, saying so.
+    assert result.exit_code == 3 and "1 file(s) need attention: model.py" in result.stderr, result.stderr
+    assert "  model.py: defines no shard_units(model), which the loop calls; add it" in result.stdout
     assert "switching to the fsdp strategy" in result.stdout
     assert answers(project)["strategy"] == "fsdp"
     assert "fully_shard" in (package / "distributed.py").read_text()  # the engine follows
@@ -566,13 +568,15 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     train = [sys.executable, "-m", "proj.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
     environment = {**os.environ, "PYTHONPATH": str(project / "src")}
     before = run([*train, "--run-dir", str(tmp_path / "before")], cwd=project, timeout=300, env=environment)
-    assert before.returncode != 0 and "shard_units" in before.stdout
+    assert before.returncode == 1 and "error: model.py: defines no shard_units(model)" in before.stdout
+    assert "Traceback" not in before.stdout
 
     # The update showed what the fsdp engine needs from model.py, as a diff the user can apply.
     diff = result.stdout[result.stdout.index("--- src/proj/model.py") :]
     (tmp_path / "model.diff").write_text(diff.split("\n--- ", 1)[0] + "\n")
     assert "+def shard_units(model: nn.Module)" in diff
     git(project, "apply", "-p0", str(tmp_path / "model.diff"))
+    assert looptpl("check", str(project)).exit_code == 0  # what the fsdp loop calls is there now
     after = run([*train, "--run-dir", str(tmp_path / "after")], cwd=project, timeout=300, env=environment)
     assert after.returncode == 0, after.stdout
 
@@ -767,6 +771,11 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     metrics.write_text(metrics.read_text().replace("# TODO(metrics)", "# DONE(metrics)"))  # the user's own
     git(project, "commit", "-qam", "My metrics")
     mine = metrics.read_text()
+    env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path / "run")]
+    # A run of the old template, with its checkpoint, to resume after the update.
+    old = [*train[:-1], str(tmp_path / "old"), "--epochs", "2", "--stop-after-epoch", "1"]
+    assert run(old, cwd=project, timeout=300, env=env).returncode == 0
 
     install(V2, repository)
     result = looptpl("update", str(project))
@@ -783,8 +792,6 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     git(project, "add", "-A")
     git(project, "commit", "-qm", "Update")
     # Training, the project's tests and `looptpl check` say the same, one line each, before anything runs.
-    env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path / "run")]
     trained = run(train, cwd=project, timeout=300, env=env)
     assert trained.returncode == 1 and "Traceback" not in trained.stdout
     assert all(f"error: {need}" in trained.stdout for need in needs), trained.stdout
@@ -805,3 +812,10 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     assert looptpl("check", str(project)).exit_code == 0
     if backend == "torch":  # trains again (the TensorFlow loop is the same check; its start-up is the slow part)
         assert run(train, cwd=project, timeout=300, env=env).returncode == 0
+    # The old run's checkpoint is of the old format: refused in one line that blames neither your files nor
+    # the disk, and left where it is.
+    resumed = run([*old[:-4], "--epochs", "2", "--resume"], cwd=project, timeout=300, env=env)
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stdout, resumed.stdout
+    newest = "epoch-0001.pt" if backend == "torch" else "epoch-1"
+    assert f"{newest} was written by an older version of the template (it holds no " in resumed.stdout
+    assert (tmp_path / "old" / "checkpoints" / newest).exists() or list((tmp_path / "old").rglob(f"{newest}.index"))

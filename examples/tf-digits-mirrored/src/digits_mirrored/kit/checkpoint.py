@@ -17,6 +17,7 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
+from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
 from ..distributed import Runtime
 from .config import TrainConfig
@@ -67,6 +68,7 @@ class Checkpointer:
         self.directory = run_dir / "checkpoints"
         self.runtime = runtime
         self.checkpoint = tf.train.Checkpoint(**objects)
+        self.names = set(objects)  # what a checkpoint of this template version holds at its top level
         # Every worker must save: saving reads variables, which can take a collective (a variable
         # summed across replicas is all-reduced on read). Only the chief's files are real; the
         # others write to a scratch directory of their own, removed after each save.
@@ -119,6 +121,12 @@ class Checkpointer:
             try:
                 status.assert_existing_objects_matched()
             except AssertionError:
+                if lacks := sorted(self.names - saved_objects(path)):  # not your files' doing: the template's
+                    raise CheckpointError(
+                        f"{path} was written by an older version of the template (it holds no {', '.join(lacks)}), "
+                        "whose runs this loop cannot continue; finish the run with the template version that wrote "
+                        "it (git log -- .copier-answers.yml), or drop --resume to start a new run"
+                    ) from None
                 raise CheckpointError(
                     f"{path} does not match this model and optimizer; did model.py, optim.py or --precision "
                     "change since it was written? Drop --resume to start a new run"
@@ -153,6 +161,13 @@ class Checkpointer:
                 variable.assign(value)
             return "last (best unreadable)"
         return "best"
+
+
+def saved_objects(path: str) -> set[str]:
+    """The names of the objects a checkpoint holds at its top level (model, optimizer, epoch, ...)."""
+    graph = TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return {child.local_name for child in graph.nodes[0].children}
 
 
 def _saves(directory: Path) -> list[tuple[int, str]]:

@@ -70,6 +70,7 @@ class Checkpointer:
         """
         self.finish()  # one save at a time
         payload = {**state, **self.weights(FULL_ON_RANK0)}
+        payload["format"] = FORMAT
         payload["rng"] = _per_rank(rng.state(self.runtime), self.runtime.world_size)
         payload["world_size"] = self.runtime.world_size
         if running is not None:
@@ -183,6 +184,7 @@ class Checkpointer:
                 f"no readable checkpoint in {self.directory} to resume from (the damaged ones are in "
                 f"{self.directory / 'damaged'}); start a new run in another --run-dir"
             )
+        check_format(*found)
         return found
 
     def read(self, path: Path, with_optimizers: bool = True) -> dict[str, Any]:
@@ -234,6 +236,31 @@ class Checkpointer:
                 print(f"warning: cannot load {path} ({first_line(error)}); testing the last weights", flush=True)
             return f"last ({path.name} unreadable)"
         return f"best (epoch {best_epoch})"
+
+
+# What a checkpoint of this template holds besides what each run adds (data, hooks): a checkpoint that
+# lacks any of it was written by an older template version, whose run this loop cannot continue.
+FORMAT = 1  # written into each checkpoint; raised when what the loop reads back changes
+HOLDS: tuple[str, ...] = ("model", "optimizer", "rng", "world_size", "config", "epoch", "step", "early_stopping")
+HOLDS += ("schedulers", "scalers")  # stages.py's part
+
+
+def check_format(path: Path, checkpoint: dict[str, Any]) -> None:
+    """Refuse, in one line, a checkpoint of another template version's format (not your files' fault)."""
+    written = checkpoint.get("format", FORMAT)  # those written before the number had it were format 1 or older
+    if written > FORMAT:
+        raise CheckpointError(
+            f"{path} was written by a newer version of the template (checkpoint format {written}, this loop reads "
+            f"{FORMAT}); update this project (looptpl update) to resume it"
+        )
+    lacks = [key for key in HOLDS if key not in checkpoint]
+    if lacks or written < FORMAT:
+        held = f"it holds no {', '.join(lacks)}" if lacks else f"checkpoint format {written}, this loop reads {FORMAT}"
+        raise CheckpointError(
+            f"{path} was written by an older version of the template ({held}), whose runs this loop cannot "
+            "continue; finish the run with the template version that wrote it (git log -- .copier-answers.yml), "
+            "or start a new --run-dir"
+        )
 
 
 def checkpoints_in(directory: Path) -> list[Path]:
