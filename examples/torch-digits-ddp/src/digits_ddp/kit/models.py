@@ -49,28 +49,31 @@ def checkpoint_activations(model: nn.Module, checkpoint_units: Callable[[nn.Modu
         blocks = checkpoint_units(model)
     except Exception as error:
         raise user_code_error(error, "in checkpoint_units") from None
-    problem = checkpoint_units_problem(model, blocks)
+    problem = "got an empty list" if isinstance(blocks, list | tuple) and not blocks else blocks_problem(model, blocks)
     if problem:
         raise DataError(f"model.py: checkpoint_units(model) must return a list of the model's blocks; {problem}")
     for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
 
 
-def checkpoint_units_problem(model: nn.Module, blocks: object) -> str:
-    """What is wrong with `checkpoint_units`' answer, in words; empty when nothing is."""
+def blocks_problem(model: nn.Module, blocks: object, nested: bool = False) -> str:
+    """What is wrong with a list of the model's blocks that model.py gives, in words; empty when
+    nothing is. `nested`: a block may hold another (FSDP shards the inner one first)."""
     if not isinstance(blocks, list | tuple):
         return f"got {type(blocks).__name__}"
-    if not blocks:
-        return "got an empty list"
     submodules = {id(module) for module in model.modules()}
     for block in blocks:
         name = type(block).__name__
         if not isinstance(block, nn.Module) or id(block) not in submodules:
             return f"got a {name} that is not part of the model"
+        if nested and block is model:  # FSDP shards the root anyway
+            return f"got the {name} itself: return the blocks in it"
         if type(block).forward is nn.Module.forward:  # a ModuleList: never called itself
             return f"got a {name}, which has no forward of its own: return the blocks in it, list(model.blocks)"
         inside = {id(module) for module in block.modules() if module is not block}
-        if any(id(other) in inside for other in blocks) or sum(other is block for other in blocks) > 1:
+        if sum(other is block for other in blocks) > 1:
+            return f"got a {name} twice{'' if nested else ', or inside another block'}: return each block once"
+        if not nested and any(id(other) in inside for other in blocks):
             return f"got a {name} twice, or inside another block: return each block once"
     return ""
 
