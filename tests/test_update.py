@@ -597,6 +597,23 @@ def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, in
     assert "You deleted" not in result.stdout and ENGINE_FIX in (project / "src" / "proj" / "train.py").read_text()
 
 
+def add_a_question(root: Path) -> None:
+    """A template version that asks one more question (with a default)."""
+    with (root / "copier.yml").open("a") as copier_yml:
+        copier_yml.write('\nlicense:\n  type: str\n  help: The license of the project\n  default: MIT\n')
+
+
+def test_an_update_lists_the_new_questions_it_answered_with_their_defaults(tmp_path, install):
+    repository = tagged_repository(tmp_path / "template", add_a_question)
+    install(V1, repository)
+    project = new_project(tmp_path / "proj")
+    install(V2, repository)
+    result = looptpl("update", str(project))
+    assert result.exit_code == 0, result.stderr
+    assert "answered them with their defaults (recorded in .copier-answers.yml):\n  license: MIT\n" in result.stdout
+    assert answers(project)["license"] == "MIT"
+
+
 def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path, install):
     install(V1)
     project = new_project(tmp_path / "proj")
@@ -795,9 +812,10 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     trained = run(train, cwd=project, timeout=300, env=env)
     assert trained.returncode == 1 and "Traceback" not in trained.stdout
     assert all(f"error: {need}" in trained.stdout for need in needs), trained.stdout
-    tests = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"], cwd=project, timeout=300)
-    assert tests.returncode == 1 and "Traceback" not in tests.stdout
-    assert all(f"error: {need}" in tests.stdout for need in needs), tests.stdout
+    if backend == "torch":  # (the TensorFlow conftest runs the same check, in the same words)
+        tests = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"], cwd=project, timeout=300)
+        assert tests.returncode == 1 and "Traceback" not in tests.stdout
+        assert all(f"error: {need}" in tests.stdout for need in needs), tests.stdout
     checked = looptpl("check", str(project))
     assert checked.exit_code == 3 and all(f"error: {need}" in checked.stderr for need in needs)
 

@@ -346,6 +346,12 @@ def report_update(
             "FILE), commit and update again:"
         )
         typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
+    if outcome.defaulted:
+        typer.echo(
+            "This template version asks questions your project's answers lacked; the update answered them with "
+            "their defaults (recorded in .copier-answers.yml):"
+        )
+        typer.echo("\n".join(f"  {line}" for line in outcome.defaulted))
     if outcome.unmet:
         lack, train = ("would lack", "would not train") if dry_run else ("lack", "will not train")
         typer.echo(

@@ -65,6 +65,8 @@ class Outcome:
     stranded: list[StrandedEdit] = field(default_factory=list)
     # What the merged project's files lack of what its loop calls (its kit/contract.py check), one line each.
     unmet: list[str] = field(default_factory=list)
+    # Questions new in this template version, answered with their defaults: "ci: true".
+    defaulted: list[str] = field(default_factory=list)
 
 
 def plan_update(project: Path, answers: dict[str, Any] | None = None) -> Plan:
@@ -119,7 +121,7 @@ def update_project(
         owned = _owned_changes(plan, old, new, yours)
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
-        outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers["package_name"])
+        outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
     return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""), stranded=stranded)
 
 
@@ -132,7 +134,7 @@ def _merge(
     changes: dict[str, str],
     missing: list[str],
     first: str,
-    package: object,
+    answers: dict[str, Any],
 ) -> Outcome:
     """Run copier's merge in the project (or in a throwaway clone of it, for a dry run), then check the
     merged project's files against what its loop calls."""
@@ -145,16 +147,22 @@ def _merge(
             copy = Path(scratch) / project.resolve().relative_to(top.resolve())
             with phase(f"{merging} (in a clone)..."):
                 _run_copier(copy, plan.template.ref, conflict, changes)
-            outcome = _with_deleted(_outcome(plan, copy), copy, missing, first)
-            return dataclasses.replace(outcome, unmet=contract.unmet(copy, package))
+            return _checked(_with_deleted(_outcome(plan, copy), copy, missing, first), copy, answers)
     try:
         with phase(f"{merging}..."):
             _run_copier(project, plan.template.ref, conflict, changes)
     except BaseException:
         put_back(top)
         raise
-    outcome = _with_deleted(_outcome(plan, project), project, missing, first)
-    return dataclasses.replace(outcome, unmet=contract.unmet(project, package))
+    return _checked(_with_deleted(_outcome(plan, project), project, missing, first), project, answers)
+
+
+def _checked(outcome: Outcome, merged: Path, answers: dict[str, Any]) -> Outcome:
+    """The merge's outcome, with what the merged project's files lack of what its loop calls and the
+    questions new in this version that the merge answered with their defaults (`answers`: the old ones)."""
+    new = read_answers(merged)
+    defaulted = [f"{key}: {value}" for key, value in new.items() if not key.startswith("_") and key not in answers]
+    return dataclasses.replace(outcome, unmet=contract.unmet(merged, answers.get("package_name")), defaulted=defaulted)
 
 
 def put_back(top: Path) -> None:
