@@ -1,10 +1,11 @@
 """What the loop calls in your files, checked before any of them is imported. Managed by the looptpl template.
 
-train.py and the project's tests start with this check, and `looptpl update` runs it once an update is
-merged: a function or class the loop calls that a file of yours lacks, or a function that takes other
-arguments than the loop passes, is named here, every one at once, one line each, with what it must be
-and the section of looptpl's docs/todos.md that shows it. (Without it, an update that changed what the
-loop calls would show as an ImportError from inside the loop, one missing name per run.)
+train.py and the project's tests start with this check, `looptpl update` runs it on the merged project
+and `looptpl check` on the project as it is. Each function or class the loop calls that your files lack,
+each function that takes other arguments than the loop passes, and each name one of your files imports
+from another that lacks it, is named, all at once, one line each, with the section of looptpl's
+docs/todos.md that shows what it must be. (Without it, an update that changed what the loop calls
+would show as an ImportError from inside the loop, one missing name per run.)
 
 It reads your files as text, without running them, so it also works where the project's dependencies
 are not installed. A name your file gets from elsewhere (an import, an assignment) counts as there;
