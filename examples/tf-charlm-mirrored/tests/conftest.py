@@ -15,7 +15,7 @@ import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
 import tensorflow as tf
-from project import flags_for_tests, split_sizes
+from project import TRAIN_FLAGS, flags_for_tests, split_sizes
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
@@ -39,16 +39,6 @@ CONSTANT_LR = ("--schedule", "constant", "--min-lr", "0")
 def data_prepared():
     """data.py's prepare_data, if it has one, runs once here, before the tests start runs side by side."""
     split_sizes()
-
-
-# 1007 training samples = 25 global batches of 40 + a last one of 7, and 251 validation samples in
-# batches of 100: short last batches (launcher.py says how this project's strategy splits them).
-# A larger train set makes epochs of its first 26 batches (--steps-per-epoch), as the tests count on.
-# With a moving average of the weights (--ema-decay): every comparison of runs compares it too.
-TRAIN_FLAGS = (
-    *("--epochs", "3", "--global-batch-size", "40", "--steps-per-epoch", "26"),
-    *("--eval-batch-size", "100", "--ema-decay", "0.9"),
-)
 
 
 @dataclass

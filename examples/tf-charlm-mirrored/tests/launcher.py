@@ -1,7 +1,7 @@
 """How the tests start a training run of this project's strategy, mirrored: one process, with its
 replicas on logical CPU devices.
 
-TRAIN_FLAGS (conftest.py) gives 1007 training samples = 25 global batches of 40 + a last one of 7:
+TRAIN_FLAGS (project.py) gives 1007 training samples = 25 global batches of 40 + a last one of 7:
 on 2 replicas (20 samples each) it splits 3 + 4, and with --grad-accum-steps 2 into micro-batches
 of 1, 2, 2 and 2. 251 validation samples in batches of 100 per replica: the last step gives 51 to
 replica 0 and none to replica 1.

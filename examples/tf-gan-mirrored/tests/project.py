@@ -14,6 +14,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+# Most test runs train with these. From the template's data: 1007 training samples = 25 global batches
+# of 40 + a last one of 7, and 251 validation samples in batches of 100: short last batches (launcher.py
+# says how this project's strategy splits them). A larger train set makes epochs of its first 26
+# batches (--steps-per-epoch), as the tests count on.
+# With a moving average of the weights (--ema-decay): every comparison of runs compares it too.
+TRAIN_FLAGS = (
+    *("--epochs", "3", "--global-batch-size", "40", "--steps-per-epoch", "26"),
+    *("--eval-batch-size", "100", "--ema-decay", "0.9"),
+)
+
 
 @functools.cache
 def flags_for_tests() -> tuple[str, ...]:
@@ -35,10 +45,11 @@ def flags_for_tests() -> tuple[str, ...]:
 
 @functools.cache
 def project_settings() -> Any:
-    """The project's TrainConfig as a test run without flags gets it: settings.py's DEFAULTS, then TEST_DEFAULTS."""
+    """The project's TrainConfig as a test run of TRAIN_FLAGS gets it: settings.py's DEFAULTS, then
+    TEST_DEFAULTS, then TRAIN_FLAGS."""
     from gan_mirrored.kit.config import parse_config
 
-    return parse_config(list(flags_for_tests()))
+    return parse_config([*flags_for_tests(), *TRAIN_FLAGS])
 
 
 @functools.cache
@@ -52,22 +63,26 @@ def split_sizes() -> tuple[int | None, ...]:
     return tuple(None if split is None else int(split.cardinality()) for split in splits)
 
 
+def global_batches() -> int:
+    """The global batches of the whole train set, the short last one included."""
+    return math.ceil(split_sizes()[0] / project_settings().global_batch_size)
+
+
 def updates_per_epoch() -> int:
-    """Optimizer updates in an epoch of TRAIN_FLAGS' runs: global batches of 40, the short last one kept, and
-    at most 26 (--steps-per-epoch: the template's data makes 26; a larger train set is cut to that)."""
-    return min(math.ceil(split_sizes()[0] / 40), 26)
+    """Optimizer updates in an epoch: the whole train set's global batches, or --steps-per-epoch of them."""
+    return min(global_batches(), project_settings().steps_per_epoch or global_batches())
 
 
 def samples_per_epoch() -> int:
-    """Training samples in an epoch of TRAIN_FLAGS' runs."""
-    return min(split_sizes()[0], updates_per_epoch() * 40)
+    """Training samples in an epoch: the whole train set, or --steps-per-epoch global batches."""
+    return min(split_sizes()[0], updates_per_epoch() * project_settings().global_batch_size)
 
 
 def evaluated_samples(split: str) -> int:
-    """Samples an evaluation of "val" or "test" uses in TRAIN_FLAGS' runs: the whole split, or --eval-batches
-    batches of 100."""
+    """Samples an evaluation of "val" or "test" uses: the whole split, or --eval-batches x --eval-batch-size."""
     size = split_sizes()[("val", "test").index(split) + 1]
-    return min(size, project_settings().eval_batches * 100 or size)
+    settings = project_settings()
+    return min(size, settings.eval_batches * settings.eval_batch_size or size)
 
 
 def resumed_message(updates: int) -> str:
