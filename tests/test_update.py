@@ -182,7 +182,7 @@ def assert_updated_with_every_edit_kept(project: Path, filled: dict[Path, str]) 
     for path, text in filled.items():
         assert path.read_text() == text, f"{path.name} is user-owned and must not change"
     for path in project.rglob("*"):
-        if path.is_file() and ".git" not in path.parts:
+        if path.is_file() and ".git" not in path.parts and path.suffix != ".merged":
             assert not path.name.endswith(".rej"), path
             assert "<<<<<<<" not in path.read_text() and ">>>>>>>" not in path.read_text(), path
 
@@ -213,8 +213,14 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     assert result.exit_code == 0, result.stderr
     assert f"from template {V1} to {V2}" in result.stdout
     assert_updated_with_every_edit_kept(project, filled)
+    # The template's change to data.py, merged into the user's copy beside it (git ignores it): both are
+    # there, and where they touch the same lines (both appended a line) the offer says so with markers.
+    offer = (project / "src" / "proj" / "data.py.merged").read_text()
+    assert USER_FILE_CHANGE in offer and "def my_data_helper" in offer and "# DONE(" in offer
+    assert "  src/proj/data.py.merged (1 conflict)" in result.stdout
     git(project, "add", "--all")
     git(project, "commit", "-qm", "Update the template")
+    assert "data.py.merged" not in git(project, "show", "--name-only", "HEAD")
     assert looptpl("check", str(project)).exit_code == 0
     again = looptpl("update", str(project))
     assert again.exit_code == 0 and "already up to date" in again.stdout
@@ -806,6 +812,8 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     listed = result.stdout[result.stdout.index("Your files lack what the new loop calls") :]
     assert all(need in listed for need in needs), listed
     assert "need attention: " in result.stderr and "metrics.py" in result.stderr
+    # The template's new metrics.py merged into the user's edited copy, beside it, for the user to take.
+    assert "dataset_metrics" in (package / "metrics.py.merged").read_text()
     git(project, "add", "-A")
     git(project, "commit", "-qm", "Update")
     # Training, the project's tests and `looptpl check` say the same, one line each, before anything runs.

@@ -372,6 +372,13 @@ def report_update(
             "apply what you want of these changes by hand:"
         )
         typer.echo("\n".join(diff.rstrip("\n") for diff in outcome.owned_changes))
+    if outcome.merged:
+        typer.echo(
+            "Those changes merged into your copies, beside them (review each, then move it over your file; "
+            "where your edits and the change touch the same lines it holds conflict markers):"
+        )
+        for name, conflicts in outcome.merged:
+            typer.echo(f"  {name}" + (f" ({conflicts} conflict{'s' * (conflicts > 1)})" if conflicts else " (clean)"))
 
 
 def update_command(path: Path, conflict: Conflict, strategy: str | None) -> str:

@@ -21,7 +21,7 @@ def unmet(project: Path, package: object) -> list[str]:
     script = project / "src" / package / "kit" / "contract.py"
     if not script.is_file():
         return []
-    command = [sys.executable, "-I", "-c", RUN, str(script)]
+    command = [sys.executable, "-I", "-c", RUN, str(script.resolve())]  # resolved: it runs in the project
     result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=120, check=False)
     lines = [line.removeprefix("error: ") for line in result.stderr.splitlines() if line.startswith("error: ")]
     if result.returncode not in (0, 1) or (result.returncode == 1 and not lines):

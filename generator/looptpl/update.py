@@ -9,6 +9,7 @@ merge safely before anything is touched, runs copier, and reports the files that
 import dataclasses
 import difflib
 import re
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -65,6 +66,9 @@ class Outcome:
     stranded: list[StrandedEdit] = field(default_factory=list)
     # What the merged project's files lack of what its loop calls (its kit/contract.py check), one line each.
     unmet: list[str] = field(default_factory=list)
+    # Beside each of your files whose template version changed: the change merged into your copy, in
+    # FILE.merged, with the number of conflicts it holds ("src/pkg/model.py.merged", 0).
+    merged: list[tuple[str, int]] = field(default_factory=list)
     # Questions new in this template version, answered with their defaults: "ci: true".
     defaulted: list[str] = field(default_factory=list)
 
@@ -122,7 +126,9 @@ def update_project(
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
-    return dataclasses.replace(outcome, owned_changes=owned, strategy=changes.get("strategy", ""), stranded=stranded)
+        merged = [] if dry_run else _merge_into_yours(project, plan, old, new, yours)
+    strategy = changes.get("strategy", "")
+    return dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
 
 
 def _merge(
@@ -240,6 +246,26 @@ def _owned_changes(plan: Plan, old: Path, new: Path, owned: list[str]) -> list[s
             )
             diffs.append("".join(diff))
     return diffs
+
+
+def _merge_into_yours(project: Path, plan: Plan, old: Path, new: Path, owned: list[str]) -> list[tuple[str, int]]:
+    """For each of your files whose template version changed, the change merged into your copy (a
+    three-way merge: the template's old version, yours, its new one), written beside it as FILE.merged
+    for you to review and move over; your file itself is left as it is."""
+    written = []
+    labels = ["yours", f"template {plan.current}", f"template {plan.template.label}"]
+    for name in owned:
+        yours, before, after = project / name, old / name, new / name
+        if not (yours.is_file() and before.is_file() and after.is_file()) or before.read_text() == after.read_text():
+            continue
+        command = ["merge-file", "-p", *(option for label in labels for option in ("-L", label))]
+        result = subprocess.run(["git", *command, str(yours), str(before), str(after)], capture_output=True)
+        if result.returncode < 0 or result.returncode > 127 or result.stdout == yours.read_bytes():
+            continue  # git could not merge it, or the change is in your copy already
+        side = yours.with_name(yours.name + ".merged")
+        side.write_bytes(result.stdout)
+        written.append((f"{name}.merged", result.returncode))  # git merge-file's status: the conflicts
+    return written
 
 
 def read_answers(project: Path) -> dict[str, Any]:
