@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from looptpl.errors import LooptplError
-from looptpl.template_source import examples_root, template_root
+from looptpl.template_source import copier_config, examples_root
 
 ANSWERS = ".copier-answers.yml"
 # Never copied from an example: what a run, an install or a tool leaves in it (the template's .gitignore).
@@ -106,10 +106,7 @@ def apply_example(example: Example, project: Path, package: str) -> None:
 
 def user_file_names() -> set[str]:
     """The file names under src/<package>/ that belong to the user: copier.yml's `_skip_if_exists`."""
-    import yaml
-
-    config = yaml.safe_load((template_root() / "copier.yml").read_text(encoding="utf-8"))
-    return {Path(entry).name for entry in config.get("_skip_if_exists", [])}
+    return {Path(entry).name for entry in copier_config().get("_skip_if_exists", [])}
 
 
 def _example_files(example: Example) -> list[Path]:

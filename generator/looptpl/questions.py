@@ -207,9 +207,6 @@ def _ask_project_name(destination: Path, package_given: bool) -> str:
 
 def template_default(question: str) -> str:
     """A question's default as copier.yml states it (read here, so the two cannot disagree)."""
-    import yaml
+    from looptpl.template_source import copier_config
 
-    from looptpl.template_source import template_root
-
-    config = yaml.safe_load((template_root() / "copier.yml").read_text(encoding="utf-8"))
-    return str(config[question]["default"])
+    return str(copier_config()[question]["default"])

@@ -1,6 +1,7 @@
 """Where the Copier template and the examples live: inside the installed package, or at the root of a checkout."""
 
 from pathlib import Path
+from typing import Any
 
 from looptpl.errors import LooptplError
 
@@ -13,6 +14,17 @@ def template_root() -> Path:
         if (candidate / "copier.yml").is_file() and (candidate / "templates").is_dir():
             return candidate
     raise LooptplError("the looptpl template is missing from this installation; reinstall looptpl", exit_code=1)
+
+
+def copier_config(text: str | None = None) -> dict[str, Any]:
+    """copier.yml, parsed: the installed template's, or `text` (another template version's). Its questions'
+    defaults and the user's files (`_skip_if_exists`) are read from here only."""
+    import yaml  # not needed by the commands that never read it
+
+    if text is None:
+        text = (template_root() / "copier.yml").read_text(encoding="utf-8")
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config
 
 
 def examples_root() -> Path | None:

@@ -30,6 +30,7 @@ from looptpl.links import refuse_links
 from looptpl.moved import StrandedEdit, stranded_edits
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
+from looptpl.template_source import copier_config
 from looptpl.validation import description_problem, package_name_problem, project_name_problem
 from looptpl.variants import BACKENDS, backend_of, strategies
 
@@ -217,7 +218,7 @@ def _owned_names(plan: Plan, package: str) -> list[str]:
         text = (plan.template.path / "copier.yml").read_text(encoding="utf-8")
     else:
         text = git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path)
-    return [entry.replace("{{ package_name }}", package) for entry in yaml.safe_load(text)["_skip_if_exists"]]
+    return [entry.replace("{{ package_name }}", package) for entry in copier_config(text)["_skip_if_exists"]]
 
 
 def _rendered(render: Path) -> list[str]:
