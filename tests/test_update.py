@@ -806,7 +806,7 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     assert metrics.read_text() == mine  # yours: the update says what it needs, and changes nothing
     needs = [
         "metrics.py: defines no dataset_metrics(means, gathered), which the loop calls; add it "
-        "(see docs/todos.md#metricspy)",
+        "(see docs/todos.md#losspy-and-metricspy)",
         "step.py:",  # today's step.py (new to this project) imports batch_metrics from metrics.py
     ]
     listed = result.stdout[result.stdout.index("Your files lack what the new loop calls") :]
