@@ -606,7 +606,7 @@ def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, in
 def add_a_question(root: Path) -> None:
     """A template version that asks one more question (with a default)."""
     with (root / "copier.yml").open("a") as copier_yml:
-        copier_yml.write('\nlicense:\n  type: str\n  help: The license of the project\n  default: MIT\n')
+        copier_yml.write("\nlicense:\n  type: str\n  help: The license of the project\n  default: MIT\n")
 
 
 def test_an_update_lists_the_new_questions_it_answered_with_their_defaults(tmp_path, install):
@@ -670,6 +670,9 @@ def test_an_edit_to_code_the_template_moved_is_named_with_where_the_code_went(tm
     for dry_run in (["--dry-run"], []):
         result = looptpl("update", str(project), *dry_run)
         assert result.exit_code == 3, (result.stdout, result.stderr)
+        if not dry_run:  # the line in the merged file, where the user now finds the edit (markers around it)
+            lines = step.read_text().splitlines()
+            assert edited != (edited := lines.index("    if dtype is None:  # mine: fp32 on CPUs") + 1)
         assert (
             f"src/proj/kit/models.py line {edited}: that template code is now in src/proj/kit/precision.py"
             in result.stdout

@@ -8,6 +8,7 @@ every template line it changed, and every one around it, is gone from that file 
 version. Where most of those lines now are in another file, that is where the code went.
 """
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,17 @@ class StrandedEdit:
     first: int  # the edit's lines in the user's file, 1-based and inclusive
     last: int
     moved_to: str  # the new file that holds most of the template code the edit changed; "" if none does
+    text: tuple[str, ...] = ()  # the edit's lines (none for an edit that only deleted template lines)
+
+    def relocated(self, project: Path) -> "StrandedEdit":
+        """The same edit, at its lines in the file as the merge left it (where it is still there whole), so
+        that the message points at what the user sees after the update."""
+        lines = _lines(project / self.path) or []
+        size = len(self.text)
+        for start in range(len(lines) - size + 1) if size else ():
+            if tuple(lines[start : start + size]) == self.text:
+                return dataclasses.replace(self, first=start + 1, last=start + size)
+        return self
 
     def describe(self) -> str:
         where = f"{self.path} line {self.first}" + (f"-{self.last}" if self.last > self.first else "")
@@ -56,7 +68,7 @@ def stranded_edits(project: Path, old: Path, new: Path, paths: list[str]) -> lis
             holders = {other: len(anchors & lines) for other, lines in new_files.items() if other != name}
             best = max(holders, key=lambda other: holders[other], default="")
             moved_to = best if best and 2 * holders[best] >= len(anchors) else ""
-            found.append(StrandedEdit(name, j1 + 1, max(j1 + 1, j2), moved_to))
+            found.append(StrandedEdit(name, j1 + 1, max(j1 + 1, j2), moved_to, tuple(user[j1:j2])))
     return found
 
 

@@ -129,6 +129,8 @@ def update_project(
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
         merged = [] if dry_run else _merge_into_yours(project, plan, old, new, yours)
     strategy = changes.get("strategy", "")
+    if not dry_run:  # the lines of each stranded edit in the merged file (a dry run changed no file)
+        stranded = [edit.relocated(project) for edit in stranded]
     return dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
 
 
