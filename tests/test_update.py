@@ -32,6 +32,7 @@ ENGINE_FIX = "  # looptpl v1.1.0: engine fix"
 README_FIX = "Template fix from v1.1.0: see docs/updating.md."
 PYPROJECT_FIX = "# looptpl v1.1.0: pyproject fix"
 USER_FILE_CHANGE = "# looptpl v1.1.0 changed this user-owned file"
+RELEASE_NOTE = "- Results change for the same seed: the data order of v1.1.0 differs."
 USER_ENGINE_NOTE = "# My engine note: keep this."
 USER_README_LINE = "My notes: this model is trained on my cluster."
 USER_PYPROJECT = '\n[tool.my_tool]\nsetting = "mine"\n'
@@ -80,6 +81,9 @@ def make_v2_fix(root: Path) -> None:
     data = template_file(root, "data.py")
     data.write_text(data.read_text() + f"\n{USER_FILE_CHANGE}\n")
     (template_file(root, "train.py").parent / "notes.py").write_text('"""Added by template v1.1.0."""\n')
+    changelog = root / "templates" / "CHANGELOG.md"
+    head, older = changelog.read_text().split("\n## ", 1)
+    changelog.write_text(f"{head}\n## 1.1.0\n\n{RELEASE_NOTE}\n\n## {older}")
 
 
 def move_make_autocast(root: Path) -> None:
@@ -212,6 +216,11 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     result = looptpl("update", str(project))
     assert result.exit_code == 0, result.stderr
     assert f"from template {V1} to {V2}" in result.stdout
+    # The release note of each version after the project's, up to the new one: v1.1.0's, not v1.0.0's.
+    assert f"What changed in the template since {V1} (templates/CHANGELOG.md):\n  ## 1.1.0\n\n  {RELEASE_NOTE}\n" in (
+        result.stdout
+    )
+    assert "## 0.1.0" not in result.stdout
     assert_updated_with_every_edit_kept(project, filled)
     # The template's change to data.py, merged into the user's copy beside it (git ignores it): both are
     # there, and where they touch the same lines (both appended a line) the offer says so with markers.

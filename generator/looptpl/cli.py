@@ -346,6 +346,9 @@ def report_update(
             "FILE), commit and update again:"
         )
         typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
+    if outcome.notes:
+        typer.echo(f"What changed in the template since {current} (templates/CHANGELOG.md):")
+        typer.echo("\n".join("  " + line if line else "" for note in outcome.notes for line in note.splitlines()))
     if outcome.defaulted:
         typer.echo(
             "This template version asks questions your project's answers lacked; the update answered them with "

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from looptpl import contract, signals
+from looptpl import changelog, contract, signals
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
@@ -70,6 +70,8 @@ class Outcome:
     # Beside each of your files whose template version changed: the change merged into your copy, in
     # FILE.merged, with the number of conflicts it holds ("src/pkg/model.py.merged", 0).
     merged: list[tuple[str, int]] = field(default_factory=list)
+    # The template's CHANGELOG.md sections after the project's version up to the new one.
+    notes: list[str] = field(default_factory=list)
     # Questions new in this template version, answered with their defaults: "ci: true".
     defaulted: list[str] = field(default_factory=list)
 
@@ -131,7 +133,9 @@ def update_project(
     strategy = changes.get("strategy", "")
     if not dry_run:  # the lines of each stranded edit in the merged file (a dry run changed no file)
         stranded = [edit.relocated(project) for edit in stranded]
-    return dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
+    notes = changelog.between(_template_text(plan, changelog.PATH), plan.current, plan.template.label)
+    outcome = dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
+    return dataclasses.replace(outcome, notes=notes)
 
 
 def _merge(
@@ -216,11 +220,16 @@ def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratc
 
 def _owned_names(plan: Plan, package: str) -> list[str]:
     """The files the user owns (copier.yml's `_skip_if_exists`), as paths in the project."""
-    if plan.template.checkout:  # the working tree, uncommitted edits included, as copier renders it
-        text = (plan.template.path / "copier.yml").read_text(encoding="utf-8")
-    else:
-        text = git("show", f"{plan.template.ref}:copier.yml", cwd=plan.template.path)
+    text = _template_text(plan, "copier.yml")
     return [entry.replace("{{ package_name }}", package) for entry in copier_config(text)["_skip_if_exists"]]
+
+
+def _template_text(plan: Plan, name: str) -> str:
+    """A file of the template that copier merges from ("" where it has none)."""
+    if plan.template.checkout:  # the working tree, uncommitted edits included, as copier renders it
+        path = plan.template.path / name
+        return path.read_text(encoding="utf-8") if path.is_file() else ""
+    return git("show", f"{plan.template.ref}:{name}", cwd=plan.template.path, check=False)
 
 
 def _rendered(render: Path) -> list[str]:
