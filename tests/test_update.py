@@ -285,6 +285,49 @@ def test_plain_copier_copy_and_copier_update_keep_every_user_edit(tmp_path, temp
     assert (project / "src" / "plain" / "distributed.py").is_file()
 
 
+EXTRA = "src/{{package_name}}/kit/extra.py"  # a template file that the next version drops
+
+
+def with_an_extra_file(root: Path) -> None:
+    copy_template(root)
+    (root / "templates" / "torch" / EXTRA).write_text('"""A module of this template version only."""\n\nVALUE = 1\n')
+
+
+def drop_the_extra_file(root: Path) -> None:
+    (root / "templates" / "torch" / EXTRA).unlink()
+
+
+@pytest.mark.parametrize("tool", ["looptpl", "copier"])
+def test_a_template_file_you_edited_that_the_update_removes_is_named(tmp_path, install, tool):
+    repository = tagged_repository(tmp_path / "template", drop_the_extra_file, first=with_an_extra_file)
+    project = tmp_path / "proj"
+    if tool == "looptpl":
+        install(V1, repository)
+        new_project(project)
+    else:
+        copy = [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", V1, "-d", "project_name=proj"]
+        assert run([*copy, str(repository), str(project)], cwd=tmp_path, timeout=300).returncode == 0
+        for command in (["init", "-q"], ["add", "--all"], ["commit", "-qm", "Generate"]):
+            git(project, *command)
+    extra = project / EXTRA.replace("{{package_name}}", "proj")
+    extra.write_text(extra.read_text().replace("VALUE = 1", "VALUE = 2  # mine"))
+    git(project, "commit", "-qam", "My value")
+    if tool == "looptpl":
+        install(V2, repository)
+        result = looptpl("update", str(project))
+        assert result.exit_code == 3, (result.stdout, result.stderr)
+        shown = "(the update removed the file: `git show HEAD:./src/proj/kit/extra.py` shows yours)"
+        assert f"src/proj/kit/extra.py line 3: that template code is gone from the new version {shown}" in result.stdout
+    else:  # plain copier removes it without a word: the project's own test names it
+        updated = run([sys.executable, "-m", "copier", "update", "--defaults"], cwd=project, timeout=300)
+        assert updated.returncode == 0, updated.stdout
+    assert not extra.exists()
+    test = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_no_conflict_markers.py"]
+    result = run(test, cwd=project, timeout=300)
+    assert result.returncode == 1 and "the update removed src/proj/kit/extra.py, which you had edited" in result.stdout
+    assert "VALUE = 2  # mine" in git(project, "show", "HEAD:./src/proj/kit/extra.py")  # where the message points
+
+
 def test_conflicting_engine_edit_leaves_markers_and_loses_nothing(tmp_path, install):
     install(V1)
     project = new_project(tmp_path / "proj")

@@ -24,10 +24,13 @@ class StrandedEdit:
     last: int
     moved_to: str  # the new file that holds most of the template code the edit changed; "" if none does
     text: tuple[str, ...] = ()  # the edit's lines (none for an edit that only deleted template lines)
+    removed: bool = False  # the update removed the file: the user's version is in the last commit only
 
     def relocated(self, project: Path) -> "StrandedEdit":
         """The same edit, at its lines in the file as the merge left it (where it is still there whole), so
         that the message points at what the user sees after the update."""
+        if not (project / self.path).exists():
+            return dataclasses.replace(self, removed=True)
         lines = _lines(project / self.path) or []
         size = len(self.text)
         for start in range(len(lines) - size + 1) if size else ():
@@ -37,9 +40,11 @@ class StrandedEdit:
 
     def describe(self) -> str:
         where = f"{self.path} line {self.first}" + (f"-{self.last}" if self.last > self.first else "")
+        # The path is the project's, as `git show` run in the project reads it (HEAD:./ is relative to it).
+        gone = f" (the update removed the file: `git show HEAD:./{self.path}` shows yours)" if self.removed else ""
         if self.moved_to:
-            return f"{where}: that template code is now in {self.moved_to}"
-        return f"{where}: that template code is gone from the new version"
+            return f"{where}: that template code is now in {self.moved_to}{gone}"
+        return f"{where}: that template code is gone from the new version{gone}"
 
 
 def stranded_edits(project: Path, old: Path, new: Path, paths: list[str]) -> list[StrandedEdit]:
