@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, answers, looptpl, run
+from conftest import REPO_ROOT, answers, in_parallel, looptpl, run
 
 import looptpl as looptpl_package
 from looptpl import store, template_source
@@ -891,8 +891,18 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
         edit = (package / name).read_text().replace("from fresh.", "from proj.")
         (package / name).write_text(edit)
     assert looptpl("check", str(project)).exit_code == 0
-    if backend == "torch":  # trains again (the TensorFlow loop is the same check; its start-up is the slow part)
-        assert run(train, cwd=project, timeout=300, env=env).returncode == 0
+    # The project trains again, and its own tests start (the contract check in conftest passes; the whole
+    # suite of today's template runs in test_all_variants_pass_their_own_tests.py).
+    trained, own = in_parallel(
+        lambda: run(train, cwd=project, timeout=300, env=env),
+        lambda: run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_no_conflict_markers.py"],
+            cwd=project,
+            timeout=300,
+        ),
+    )
+    assert trained.returncode == 0 and "test_loss" in trained.stdout, trained.stdout[-3000:]
+    assert own.returncode == 0 and "2 passed" in own.stdout, own.stdout[-3000:]
     # The old run's checkpoint is of the old format: refused in one line that blames neither your files nor
     # the disk, and left where it is.
     resumed = run([*old[:-4], "--epochs", "2", "--resume"], cwd=project, timeout=300, env=env)
