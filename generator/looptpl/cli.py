@@ -432,7 +432,8 @@ def check(
     Exit 3 while files still hold the conflict markers of an update, or while your files lack what the
     project's loop calls."""
     from looptpl import contract
-    from looptpl.update import Status, files_with_markers, plan_update, read_answers
+    from looptpl.answers import read_answers
+    from looptpl.update import Status, files_with_markers, plan_update
 
     unfinished = files_with_markers(path)  # first: whatever else is wrong, an unfinished merge is named
     if unfinished:

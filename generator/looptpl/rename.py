@@ -15,20 +15,18 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from looptpl.answers import ANSWERS, check_package, read_answers
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git
 from looptpl.links import refuse_links
 from looptpl.progress import phase
 from looptpl.update import (
-    ANSWERS,
     Status,
     check_no_markers,
-    check_package,
     check_repository,
     copier_failures,
     plan_update,
     put_back,
-    read_answers,
 )
 from looptpl.validation import package_name_problem
 

@@ -4,12 +4,12 @@ Copier does the merge: it renders the template version the project records (`_co
 new one, then replays the user's changes (old render -> project) onto the new render; clashing
 hunks get conflict markers or `.rej` files. This module decides what "new" is, refuses what cannot
 merge safely before anything is touched, runs copier, and reports the files that need attention.
+Beside it: answers.py reads and checks the answers, owned.py shows what the template changed in your
+files, contract.py runs the merged project's check of them, changelog.py finds the release notes.
 """
 
 import dataclasses
-import difflib
 import re
-import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -19,22 +19,20 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from looptpl import changelog, contract, signals
+from looptpl.answers import ANSWERS, check_package, generation_commit, read_answers
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.links import refuse_links
 from looptpl.moved import StrandedEdit, stranded_edits
+from looptpl.owned import merge_into_yours, owned_changes, owned_names, template_text
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
-from looptpl.template_source import copier_config
-from looptpl.validation import description_problem, package_name_problem, project_name_problem
-from looptpl.variants import BACKENDS, backend_of, strategies
+from looptpl.variants import backend_of, strategies
 
-ANSWERS = ".copier-answers.yml"
 REF = re.compile(r"^[\w.+/-]+$")  # what `_commit` may hold; never an option such as `--output`
 MARKERS = ("<<<<<<< ", ">>>>>>> ")
 
@@ -115,25 +113,26 @@ def update_project(
     if plan.status is Status.CURRENT and not changes:
         return Outcome(plan)
     check_package(project, answers)
-    first = _generation_commit(project)
+    first = generation_commit(project)
     with tempfile.TemporaryDirectory(prefix="looptpl-renders-") as renders:
         # Before anything changes: what the project's template version made of its answers, and what
         # the new version makes of the new answers.
         with phase("Rendering the project's template version and the new one..."):
             old, new = _render(plan, answers, changes, Path(renders))
         missing = _missing_generated(project, old)  # deleted by the user before this update
-        yours = _owned_names(plan, answers["package_name"])
+        yours = owned_names(plan.template, answers["package_name"])
         # Copier writes the files the template renders, old or new, except the user's own (which it skips).
         refuse_links(project, {*_rendered(old), *_rendered(new)} - set(yours), "update")
-        owned = _owned_changes(plan, old, new, yours)
+        versions = (plan.current, plan.template.label)
+        owned = owned_changes(versions, old, new, yours)
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
-        merged = [] if dry_run else _merge_into_yours(project, plan, old, new, yours)
+        merged = [] if dry_run else merge_into_yours(project, versions, old, new, yours)
     strategy = changes.get("strategy", "")
     if not dry_run:  # the lines of each stranded edit in the merged file (a dry run changed no file)
         stranded = [edit.relocated(project) for edit in stranded]
-    notes = changelog.between(_template_text(plan, changelog.PATH), plan.current, plan.template.label)
+    notes = changelog.between(template_text(plan.template, changelog.PATH), plan.current, plan.template.label)
     outcome = dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
     return dataclasses.replace(outcome, notes=notes)
 
@@ -218,138 +217,9 @@ def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratc
     return scratch / "old", scratch / "new"
 
 
-def _owned_names(plan: Plan, package: str) -> list[str]:
-    """The files the user owns (copier.yml's `_skip_if_exists`), as paths in the project."""
-    text = _template_text(plan, "copier.yml")
-    return [entry.replace("{{ package_name }}", package) for entry in copier_config(text)["_skip_if_exists"]]
-
-
-def _template_text(plan: Plan, name: str) -> str:
-    """A file of the template that copier merges from ("" where it has none)."""
-    if plan.template.checkout:  # the working tree, uncommitted edits included, as copier renders it
-        path = plan.template.path / name
-        return path.read_text(encoding="utf-8") if path.is_file() else ""
-    return git("show", f"{plan.template.ref}:{name}", cwd=plan.template.path, check=False)
-
-
 def _rendered(render: Path) -> list[str]:
     """Every file of a render, as paths in the project."""
     return [path.relative_to(render).as_posix() for path in render.rglob("*") if path.is_file()]
-
-
-def _owned_changes(plan: Plan, old: Path, new: Path, owned: list[str]) -> list[str]:
-    """Unified diffs of the template's own versions of the user-owned files, from the project's template
-    version (and answers) to the new one: an update keeps the user's files as they are, so a changed
-    default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
-    shard_units in model.py), would never arrive without the user applying it by hand."""
-    diffs = []
-    for name in owned:
-        if not ((old / name).is_file() and (new / name).is_file()):
-            continue
-        before, after = (old / name).read_text(), (new / name).read_text()
-        if before != after:
-            diff = difflib.unified_diff(
-                before.splitlines(keepends=True),
-                after.splitlines(keepends=True),
-                name,
-                name,
-                f"(template {plan.current})",  # after a tab: `patch -p0` and `git apply -p0` read the name
-                f"(template {plan.template.label})",
-            )
-            diffs.append("".join(diff))
-    return diffs
-
-
-def _merge_into_yours(project: Path, plan: Plan, old: Path, new: Path, owned: list[str]) -> list[tuple[str, int]]:
-    """For each of your files whose template version changed, the change merged into your copy (a
-    three-way merge: the template's old version, yours, its new one), written beside it as FILE.merged
-    for you to review and move over; your file itself is left as it is."""
-    written = []
-    labels = ["yours", f"template {plan.current}", f"template {plan.template.label}"]
-    for name in owned:
-        yours, before, after = project / name, old / name, new / name
-        if not (yours.is_file() and before.is_file() and after.is_file()) or before.read_text() == after.read_text():
-            continue
-        command = ["merge-file", "-p", *(option for label in labels for option in ("-L", label))]
-        result = subprocess.run(["git", *command, str(yours), str(before), str(after)], capture_output=True)
-        if result.returncode < 0 or result.returncode > 127 or result.stdout == yours.read_bytes():
-            continue  # git could not merge it, or the change is in your copy already
-        side = yours.with_name(yours.name + ".merged")
-        side.write_bytes(result.stdout)
-        written.append((f"{name}.merged", result.returncode))  # git merge-file's status: the conflicts
-    return written
-
-
-def read_answers(project: Path) -> dict[str, Any]:
-    """The project's `.copier-answers.yml`, or an error saying this is not a generated project."""
-    if not project.is_dir():
-        raise LooptplError(f"{project} is not a folder; pass the generated project's folder")
-    path = project / ANSWERS
-    if not path.is_file():
-        raise LooptplError(f"{project} is not a looptpl project (no {ANSWERS}); pass the generated project's folder")
-    try:
-        answers = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        reason = getattr(error, "problem", None) or type(error).__name__
-        raise LooptplError(
-            f"{path} is not valid YAML ({where}{reason}); restore it with `git checkout -- {ANSWERS}`"
-        ) from None
-    if not isinstance(answers, dict):
-        raise LooptplError(f"{path} holds no answers; restore it with `git checkout -- {ANSWERS}`")
-    problem = _answers_problem(answers)
-    if problem:
-        raise LooptplError(f"{path}: {problem}; fix that line or restore the file with `git checkout -- {ANSWERS}`")
-    return answers
-
-
-def _generation_commit(project: Path) -> str:
-    """The commit that added the project's answers file: the project as `looptpl new` made it ('' if unknown)."""
-    found = git("log", "--diff-filter=A", "--format=%H", "--", ANSWERS, cwd=project, check=False).split()
-    return found[-1] if found else ""
-
-
-def check_package(project: Path, answers: dict[str, Any]) -> None:
-    """The package folder the answers name must exist: copier cannot follow a renamed package.
-
-    Its old render would have the package under the recorded name, the project has it elsewhere, so
-    the merge would keep the old files as "deleted by the user" and drop every template change to them.
-    """
-    package = answers["package_name"]
-    if (project / "src" / package).is_dir():
-        return
-    first = _generation_commit(project)
-    generated = read_answers_at(project, first).get("package_name") if first else None
-    if isinstance(generated, str) and generated != package and (project / "src" / generated).is_dir():
-        raise LooptplError(
-            f"package_name in {ANSWERS} was changed by hand from {generated} to {package}, but the code is in "
-            f"src/{generated}/: an update cannot rename a package; restore the line (package_name: {generated}) with "
-            f"`git checkout {first[:12]} -- {ANSWERS}`, commit, then update"
-        )
-    moved = sorted(path.parent.name for path in (project / "src").glob("*/train.py"))
-    if moved:
-        raise LooptplError(
-            f"src/{package}/, the package {ANSWERS} names, is gone and src/{moved[0]}/ holds the project: an update "
-            f"cannot follow a renamed package and would drop the template's changes to it; move it back (git mv "
-            f"src/{moved[0]} src/{package} && git commit), then update"
-        )
-    raise LooptplError(
-        f"src/{package}/, the package {ANSWERS} names, is missing; restore it"
-        + (f" (git checkout {first[:12]} -- src/{package})" if first else "")
-        + " and commit before updating"
-    )
-
-
-def read_answers_at(project: Path, commit: str) -> dict[str, Any]:
-    """The answers file as a commit recorded it (empty if it cannot be read)."""
-    prefix = git("rev-parse", "--show-prefix", cwd=project).strip()
-    text = git("show", f"{commit}:{prefix}{ANSWERS}", cwd=project, check=False)
-    try:
-        answers = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}
-    return answers if isinstance(answers, dict) else {}
 
 
 def _missing_generated(project: Path, old: Path) -> list[str]:
@@ -363,29 +233,6 @@ def _with_deleted(outcome: Outcome, project: Path, missing: list[str], first: st
     deletion as the user's edit, so the template's fixes to those files were not applied."""
     deleted = sorted(path for path in missing if not (project / path).exists())
     return Outcome(outcome.plan, outcome.changed, outcome.conflicts, deleted, first)
-
-
-def _answers_problem(answers: dict[str, Any]) -> str | None:
-    """What a hand edit broke in the answers, so that no template could render them, if anything."""
-    backend, strategy = answers.get("backend"), answers.get("strategy")
-    if backend not in BACKENDS:
-        return f"backend {backend!r} is not one of: {', '.join(BACKENDS)}"
-    if strategy not in strategies(backend):
-        return f"strategy {strategy!r} is not a {backend} strategy; use one of: {', '.join(strategies(backend))}"
-    for key, problem_of in (("project_name", project_name_problem), ("package_name", _recorded_package_problem)):
-        value = answers.get(key)
-        problem = problem_of(value) if isinstance(value, str) else f"{key} is missing or not text"
-        if problem:
-            return problem
-    if "description" in answers:
-        return description_problem(answers["description"])
-    return None
-
-
-def _recorded_package_problem(name: str) -> str | None:
-    """What is wrong with the package name a project records. A name that only shadows what a --tracker imports
-    is not refused here: such a project still updates, and renames to a name that works."""
-    return package_name_problem(name, trackers=False)
 
 
 def _same_folder(source: str, project: Path, folder: Path) -> bool:
