@@ -145,6 +145,7 @@ def test_the_contract_check_names_every_missing_name_and_wrong_signature_at_once
     edit("model.py", "def build_model(", "from .data import NUM_CLASSES as build_model  # noqa\n\n\ndef build_net(")
     edit("data.py", "def build_datasets(", "def _build_datasets(")
     chosen = "try:\n    from .fast import build_datasets\nexcept ImportError:\n    build_datasets = _build_datasets\n"
+    edit("data.py", "NUM_CLASSES = 4", "NUM_CLASSES, OTHER = 4, 5  # model.py and metrics.py import it")
     (package / "data.py").write_text((package / "data.py").read_text() + chosen)
     (package / "metrics.py").write_text("from .loss import *  # noqa: F403\n")
     result = run([sys.executable, "-m", "single.kit.contract"], cwd=project, env={"PYTHONPATH": "src"})

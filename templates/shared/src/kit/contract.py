@@ -146,13 +146,20 @@ def _read(path: Path) -> Module | None:
                 module.imports.extend((node.lineno, source, alias.name) for alias in node.names if alias.name != "*")
             if any(alias.name == "*" for alias in node.names):
                 module = module._replace(everything=True)
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):  # `A, B = 1, 2` too
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            module.names.update({target.id: None for target in targets if isinstance(target, ast.Name)})
+            module.names.update({name.id: None for target in targets for name in _names_in(target)})
         elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):  # `try: import ...`, say
+            bound = [getattr(node, "target", None), *(item.optional_vars for item in getattr(node, "items", []))]
+            module.names.update({name.id: None for target in bound if target for name in _names_in(target)})
             handlers = [statement for handler in getattr(node, "handlers", []) for statement in handler.body]
             statements += [*node.body, *getattr(node, "orelse", []), *handlers, *getattr(node, "finalbody", [])]
     return module
+
+
+def _names_in(target: ast.AST) -> list[ast.Name]:
+    """The names an assignment's target binds: `x`, and each of `a, (b, *c)`."""
+    return [node for node in ast.walk(target) if isinstance(node, ast.Name)]
 
 
 def _refuses(definition: ast.AST | None, count: int) -> bool:
