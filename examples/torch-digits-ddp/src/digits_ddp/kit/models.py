@@ -58,7 +58,7 @@ def checkpoint_activations(model: nn.Module, checkpoint_units: Callable[[nn.Modu
 
 def blocks_problem(model: nn.Module, blocks: object, nested: bool = False) -> str:
     """What is wrong with a list of the model's blocks that model.py gives, in words; empty when
-    nothing is. `nested`: a block may hold another (FSDP shards the inner one first)."""
+    nothing is. `nested`: a block may hold another (blocks wrapped one by one, the inner one first)."""
     if not isinstance(blocks, list | tuple):
         return f"got {type(blocks).__name__}"
     submodules = {id(module) for module in model.modules()}
@@ -66,7 +66,7 @@ def blocks_problem(model: nn.Module, blocks: object, nested: bool = False) -> st
         name = type(block).__name__
         if not isinstance(block, nn.Module) or id(block) not in submodules:
             return f"got a {name} that is not part of the model"
-        if nested and block is model:  # FSDP shards the root anyway
+        if nested and block is model:  # the root is wrapped anyway
             return f"got the {name} itself: return the blocks in it"
         if type(block).forward is nn.Module.forward:  # a ModuleList: never called itself
             return f"got a {name}, which has no forward of its own: return the blocks in it, list(model.blocks)"
