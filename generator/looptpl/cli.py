@@ -329,39 +329,32 @@ def report_update(
     typer.echo(f"{action} {path} {versions}{switch}:")
     typer.echo("\n".join(f"  {line}" for line in outcome.changed) or "  (no file changes)")
     inline = conflict is Conflict.inline
-    if outcome.conflicts:
-        where = "has conflict markers (<<<<<<< / >>>>>>>)" if inline else "has a .rej file beside it"
-        typer.echo(f"Your edits clash with the template here; each file {where}:")
-        typer.echo("\n".join(f"  {name}" for name in outcome.conflicts))
-    if outcome.stranded:
-        typer.echo(
-            "Your edits here changed template code that the new version moved to another file or removed, so "
-            "they may no longer run; check each one and carry it over where the code went:"
-        )
-        typer.echo("\n".join(f"  {edit.describe()}" for edit in outcome.stranded))
-    if outcome.deleted:
-        typer.echo(
-            "You deleted these generated files, so the update left them deleted and the template's fixes to them "
-            f"were not applied; if that was a mistake, restore them (git checkout {outcome.generated_in[:12]} -- "
-            "FILE), commit and update again:"
-        )
-        typer.echo("\n".join(f"  {name}" for name in outcome.deleted))
-    if outcome.notes:
-        typer.echo(f"What changed in the template since {current} (templates/CHANGELOG.md):")
-        typer.echo("\n".join("  " + line if line else "" for note in outcome.notes for line in note.splitlines()))
-    if outcome.defaulted:
-        typer.echo(
-            "This template version asks questions your project's answers lacked; the update answered them with "
-            "their defaults (recorded in .copier-answers.yml):"
-        )
-        typer.echo("\n".join(f"  {line}" for line in outcome.defaulted))
-    if outcome.unmet:
-        lack, train = ("would lack", "would not train") if dry_run else ("lack", "will not train")
-        typer.echo(
-            f"Your files {lack} what the new loop calls, so the project {train} until you add it "
-            "(your files are yours: an update never changes them):"
-        )
-        typer.echo("\n".join(f"  {line}" for line in outcome.unmet))
+    where = "has conflict markers (<<<<<<< / >>>>>>>)" if inline else "has a .rej file beside it"
+    section(f"Your edits clash with the template here; each file {where}:", outcome.conflicts)
+    section(
+        "Your edits here changed template code that the new version moved to another file or removed, so "
+        "they may no longer run; check each one and carry it over where the code went:",
+        [edit.describe() for edit in outcome.stranded],
+    )
+    section(
+        "You deleted these generated files, so the update left them deleted and the template's fixes to them "
+        f"were not applied; if that was a mistake, restore them (git checkout {outcome.generated_in[:12]} -- "
+        "FILE), commit and update again:",
+        outcome.deleted,
+    )
+    notes = [line for note in outcome.notes for line in note.splitlines()]
+    section(f"What changed in the template since {current} (templates/CHANGELOG.md):", notes)
+    section(
+        "This template version asks questions your project's answers lacked; the update answered them with "
+        "their defaults (recorded in .copier-answers.yml):",
+        outcome.defaulted,
+    )
+    lack, train = ("would lack", "would not train") if dry_run else ("lack", "will not train")
+    section(
+        f"Your files {lack} what the new loop calls, so the project {train} until you add it "
+        "(your files are yours: an update never changes them):",
+        outcome.unmet,
+    )
     if dry_run:
         typer.echo(f"Nothing was changed. Run `{update_command(path, conflict, strategy)}` to apply.")
     elif outcome.conflicts:
@@ -375,13 +368,18 @@ def report_update(
             "apply what you want of these changes by hand:"
         )
         typer.echo("\n".join(diff.rstrip("\n") for diff in outcome.owned_changes))
-    if outcome.merged:
-        typer.echo(
-            "Those changes merged into your copies, beside them (review each, then move it over your file; "
-            "where your edits and the change touch the same lines it holds conflict markers):"
-        )
-        for name, conflicts in outcome.merged:
-            typer.echo(f"  {name}" + (f" ({conflicts} conflict{'s' * (conflicts > 1)})" if conflicts else " (clean)"))
+    section(
+        "Those changes merged into your copies, beside them (review each, then move it over your file; "
+        "where your edits and the change touch the same lines it holds conflict markers):",
+        [f"{name} ({f'{count} conflict' + 's' * (count > 1) if count else 'clean'})" for name, count in outcome.merged],
+    )
+
+
+def section(heading: str, items: list[str]) -> None:
+    """A heading, then its items indented (an empty line stays empty); nothing without items."""
+    if items:
+        typer.echo(heading)
+        typer.echo("\n".join(f"  {item}" if item else "" for item in items))
 
 
 def update_command(path: Path, conflict: Conflict, strategy: str | None) -> str:
