@@ -20,12 +20,12 @@ from project import TRAIN_FLAGS, flags_for_tests, split_sizes
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
-from gan_mirrored.kit.contract import problems  # noqa: E402 (after the path above)
+from gan_mirrored.kit.contract import message  # noqa: E402 (after the path above)
 
 # The tests run the loop on your files: first, every function or class it calls that they lack, or that
 # takes other arguments than the loop passes, one line each (as train.py says them), instead of import errors.
-if mismatches := problems(PROJECT_ROOT / "src" / "gan_mirrored"):
-    sys.exit("\n".join(f"error: {line}" for line in mismatches))
+if mismatches := message(PROJECT_ROOT / "src" / "gan_mirrored"):
+    sys.exit(mismatches)
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 

@@ -20,12 +20,12 @@ from project import flags_for_tests, split_sizes
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT / "src"))  # the tests work whether or not the project is installed
 
-from digits_ddp.kit.contract import problems  # noqa: E402 (after the path above)
+from digits_ddp.kit.contract import message  # noqa: E402 (after the path above)
 
 # The tests run the loop on your files: first, every function or class it calls that they lack, or that
 # takes other arguments than the loop passes, one line each (as train.py says them), instead of import errors.
-if mismatches := problems(PROJECT_ROOT / "src" / "digits_ddp"):
-    sys.exit("\n".join(f"error: {line}" for line in mismatches))
+if mismatches := message(PROJECT_ROOT / "src" / "digits_ddp"):
+    sys.exit(mismatches)
 
 from digits_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (your files are checked)
 

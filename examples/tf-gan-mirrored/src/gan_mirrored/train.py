@@ -27,13 +27,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .kit.contract import problems
+from .kit.contract import message
 from .kit.errors import ConfigError, RunError, first_line, import_failure, in_your_code, report, three_datasets
 
 # Before your files are imported: each function or class the loop calls that they lack, or that takes other
 # arguments than the loop passes, in one line (an update of the template may have changed what it calls).
-if mismatches := problems(Path(__file__).parent):
-    report("\n".join(f"error: {line}" for line in mismatches))
+if mismatches := message(Path(__file__).parent):
+    report(mismatches)
     sys.exit(1)
 
 try:  # your files are imported here (settings.py by kit/config.py): a mistake in one is one line, not a traceback

@@ -57,7 +57,11 @@ class Module(NamedTuple):
 
     names: dict[str, ast.AST | None]  # functions and classes with their definition; other names with None
     imports: list[tuple[int, str, str]]  # (line, file, name) of each `from .file import name` of your files
-    everything: bool  # a `*` import: any name may be there
+
+    @property
+    def everything(self) -> bool:
+        """A `*` import (its name is "*"): any name may be there."""
+        return "*" in self.names
 
 
 def problems(package: Path) -> list[str]:
@@ -117,7 +121,7 @@ def _read(path: Path) -> Module | None:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return None
-    module = Module({}, [], everything=False)
+    module = Module({}, [])
     statements = list(tree.body)
     while statements:
         node = statements.pop(0)
@@ -128,8 +132,6 @@ def _read(path: Path) -> Module | None:
             if isinstance(node, ast.ImportFrom) and node.level == 1 and f"{node.module}.py" in YOUR_FILES:
                 source = f"{node.module}.py"
                 module.imports.extend((node.lineno, source, alias.name) for alias in node.names if alias.name != "*")
-            if any(alias.name == "*" for alias in node.names):
-                module = module._replace(everything=True)
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):  # `A, B = 1, 2` too
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             module.names.update({name.id: None for target in targets for name in _names_in(target)})
@@ -159,10 +161,14 @@ def _refuses(definition: ast.AST | None, count: int) -> bool:
     return count < required or too_many or keyword_only
 
 
+def message(package: Path) -> str:
+    """The check's lines as a run prints them, `error: ...` each; empty when your files fit the loop."""
+    return "\n".join(f"error: {line}" for line in problems(package))
+
+
 def main() -> int:
-    found = problems(Path(__file__).parents[1])
-    for line in found:
-        print(f"error: {line}", file=sys.stderr)
+    if found := message(Path(__file__).parents[1]):
+        print(found, file=sys.stderr)
     return 1 if found else 0
 
 
