@@ -28,40 +28,46 @@ def template_text(template: TemplateRef, name: str) -> str:
     return git("show", f"{template.ref}:{name}", cwd=template.path, check=False)
 
 
-def owned_changes(versions: tuple[str, str], old: Path, new: Path, owned: list[str]) -> list[str]:
-    """Unified diffs of the template's own versions of the user-owned files, from the project's template
-    version (and answers) to the new one: an update keeps the user's files as they are, so a changed
+def changed_in_template(old: Path, new: Path, owned: list[str]) -> list[str]:
+    """The user's files whose template version differs between the old render and the new one."""
+    return [
+        name
+        for name in owned
+        if (old / name).is_file() and (new / name).is_file() and (old / name).read_text() != (new / name).read_text()
+    ]
+
+
+def owned_changes(versions: tuple[str, str], old: Path, new: Path, changed: list[str]) -> list[str]:
+    """Unified diffs of the template's own versions of the user-owned files it `changed`, from the project's
+    template version (and answers) to the new one: an update keeps the user's files as they are, so a changed
     default (a fixed epsilon in optim.py, say), or a function a new --strategy calls (FSDP's
     shard_units in model.py), would never arrive without the user applying it by hand."""
     diffs = []
-    for name in owned:
-        if not ((old / name).is_file() and (new / name).is_file()):
-            continue
+    for name in changed:
         before, after = (old / name).read_text(), (new / name).read_text()
-        if before != after:
-            diff = difflib.unified_diff(
-                before.splitlines(keepends=True),
-                after.splitlines(keepends=True),
-                name,
-                name,
-                f"(template {versions[0]})",  # after a tab: `patch -p0` and `git apply -p0` read the name
-                f"(template {versions[1]})",
-            )
-            diffs.append("".join(diff))
+        diff = difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            name,
+            name,
+            f"(template {versions[0]})",  # after a tab: `patch -p0` and `git apply -p0` read the name
+            f"(template {versions[1]})",
+        )
+        diffs.append("".join(diff))
     return diffs
 
 
 def merge_into_yours(
-    project: Path, versions: tuple[str, str], old: Path, new: Path, owned: list[str]
+    project: Path, versions: tuple[str, str], old: Path, new: Path, changed: list[str]
 ) -> list[tuple[str, int]]:
-    """For each of your files whose template version changed, the change merged into your copy (a
+    """For each of your files whose template version `changed`, the change merged into your copy (a
     three-way merge: the template's old version, yours, its new one), written beside it as FILE.merged
     for you to review and move over; your file itself is left as it is."""
     written = []
     labels = ["yours", f"template {versions[0]}", f"template {versions[1]}"]
-    for name in owned:
+    for name in changed:
         yours, before, after = project / name, old / name, new / name
-        if not (yours.is_file() and before.is_file() and after.is_file()) or before.read_text() == after.read_text():
+        if not yours.is_file():
             continue
         command = ["merge-file", "-p", *(option for label in labels for option in ("-L", label))]
         result = subprocess.run(["git", *command, str(yours), str(before), str(after)], capture_output=True)

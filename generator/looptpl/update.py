@@ -28,7 +28,7 @@ from looptpl.errors import LooptplError
 from looptpl.gitcmd import git, identity_if_missing, require_git, succeeds
 from looptpl.links import refuse_links
 from looptpl.moved import StrandedEdit, stranded_edits
-from looptpl.owned import merge_into_yours, owned_changes, owned_names, template_text
+from looptpl.owned import changed_in_template, merge_into_yours, owned_changes, owned_names, template_text
 from looptpl.progress import phase
 from looptpl.store import TemplateRef, has_tag, installed_template
 from looptpl.variants import backend_of, strategies
@@ -124,17 +124,19 @@ def update_project(
         # Copier writes the files the template renders, old or new, except the user's own (which it skips).
         refuse_links(project, {*_rendered(old), *_rendered(new)} - set(yours), "update")
         versions = (plan.current, plan.template.label)
-        owned = owned_changes(versions, old, new, yours)
+        changed = changed_in_template(old, new, yours)
+        owned = owned_changes(versions, old, new, changed)
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
-        merged = [] if dry_run else merge_into_yours(project, versions, old, new, yours)
-    strategy = changes.get("strategy", "")
+        merged = [] if dry_run else merge_into_yours(project, versions, old, new, changed)
     if not dry_run:  # the lines of each stranded edit in the merged file (a dry run changed no file)
         stranded = [edit.relocated(project) for edit in stranded]
-    notes = changelog.between(template_text(plan.template, changelog.PATH), plan.current, plan.template.label)
-    outcome = dataclasses.replace(outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged)
-    return dataclasses.replace(outcome, notes=notes)
+    notes = changelog.between(template_text(plan.template, changelog.PATH), *versions)
+    strategy = changes.get("strategy", "")
+    return dataclasses.replace(
+        outcome, owned_changes=owned, strategy=strategy, stranded=stranded, merged=merged, notes=notes
+    )
 
 
 def _merge(
