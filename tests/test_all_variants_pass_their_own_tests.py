@@ -18,6 +18,25 @@ from looptpl.variants import VARIANTS
 REFERENCE = {"torch": "single", "tensorflow": "one-device"}
 
 
+def reference_of(projects: dict[str, Path], strategy: str) -> Path:
+    backend = next(variant.backend for variant in VARIANTS if variant.strategy == strategy)
+    return projects[REFERENCE[backend]]
+
+
+def reads_alike(project: Path, reference: Path, name: str) -> bool:
+    """Whether tests/NAME reads the same in both projects, package names aside."""
+    ours, theirs = project / "tests" / name, reference / "tests" / name
+    if not theirs.exists():
+        return False
+    words = re.compile(rf"\b({package_of(project)}|{package_of(reference)})\b")
+    return words.sub("PKG", ours.read_text()) == words.sub("PKG", theirs.read_text())
+
+
+def helpers_read_alike(projects: dict[str, Path], strategy: str) -> bool:
+    project, reference = projects[strategy], reference_of(projects, strategy)
+    return all(reads_alike(project, reference, helper) for helper in ("conftest.py", "project.py"))
+
+
 def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
     """The test files of a variant's suite that this suite runs.
 
@@ -26,23 +45,11 @@ def suite_files(projects: dict[str, Path], strategy: str) -> list[str]:
     one process against the same engine code as there: only the files that differ run (the
     distributed tests, say), and every file a user gets still runs in one variant of its backend.
     """
-    project = projects[strategy]
+    project, reference = projects[strategy], reference_of(projects, strategy)
     files = sorted(path.name for path in (project / "tests").glob("test_*.py"))
-    backend = next(variant.backend for variant in VARIANTS if variant.strategy == strategy)
-    reference = projects.get(REFERENCE[backend])
-    if reference is None or reference == project:
+    if project == reference or not helpers_read_alike(projects, strategy):
         return files
-
-    def reads_alike(name: str) -> bool:
-        ours, theirs = project / "tests" / name, reference / "tests" / name
-        if not theirs.exists():
-            return False
-        words = re.compile(rf"\b({package_of(project)}|{package_of(reference)})\b")
-        return words.sub("PKG", ours.read_text()) == words.sub("PKG", theirs.read_text())
-
-    if not all(reads_alike(helper) for helper in ("conftest.py", "project.py")):
-        return files
-    return [name for name in files if not reads_alike(name)]
+    return [name for name in files if not reads_alike(project, reference, name)]
 
 
 def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
@@ -66,3 +73,11 @@ class TestTensorflowProjects:
     @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "tensorflow"])
     def test_generated_project_passes_its_own_tests(self, projects, strategy):
         passes_its_own_tests(projects, strategy)
+
+
+def test_every_variant_shares_its_backends_test_helpers_so_only_what_differs_runs_twice(projects):
+    """A conftest.py or project.py that differs from the reference variant's (one docstring is enough) makes
+    the variant's whole suite run here again: about ten minutes of CI for nothing a user would see."""
+    for strategy in projects:
+        if strategy not in REFERENCE.values():
+            assert helpers_read_alike(projects, strategy), f"{strategy}'s tests/conftest.py or project.py differ"

@@ -294,7 +294,7 @@ def damage(checkpoint: Path) -> None:
 
 
 def newest_checkpoint(run_dir: Path) -> dict[str, Any]:
-    """The run's newest checkpoint, whole."""
+    """The run's newest checkpoint, whole, in whichever form the run wrote it."""
     return load_whole(checkpoints_in(run_dir / "checkpoints")[-1])
 
 
