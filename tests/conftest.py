@@ -1,5 +1,6 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
+import importlib
 import json
 import math
 import os
@@ -8,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,10 @@ from looptpl.cli import app
 from looptpl.variants import VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO_ROOT / "templates" / "shared" / "tests"))
+# What one-process training runs fork from (see `run`), as the generated projects' tests preload it.
+TORCH = ("torch", "torch.distributed.checkpoint.state_dict")
+TENSORFLOW = ("tensorflow",)
 
 
 def looptpl(*args: str) -> "CliResult":
@@ -36,9 +42,19 @@ class CliResult:
 
 
 def run(
-    command: list[str], cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
+    command: list[str],
+    cwd: Path,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+    preload: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run a command to completion; kill its whole process group if it outlives `timeout`."""
+    """Run a command to completion; kill its whole process group if it outlives `timeout`.
+
+    With `preload` (the framework's modules), a `python -m MODULE ...` command is forked from a process
+    that imported them once, as the generated tests start their runs (templates/shared/tests/forked_runs.py).
+    """
+    if preload and command[1:2] == ["-m"]:
+        return run_forked(command, cwd, timeout, {**os.environ, **(env or {})}, preload)
     process = subprocess.Popen(
         command,
         cwd=cwd,
@@ -56,6 +72,24 @@ def run(
         output, _ = process.communicate()
         pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{output[-5000:]}")
     return subprocess.CompletedProcess(command, process.returncode, output)
+
+
+forked_runs = importlib.import_module("forked_runs")  # templates/shared/tests/, on the path below
+
+
+def run_forked(
+    command: list[str], cwd: Path, timeout: float, env: dict[str, str], preload: tuple[str, ...]
+) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "output.log"
+        process = forked_runs.start(command, log, env, preload, cwd)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{log.read_text()[-5000:]}")
+        return subprocess.CompletedProcess(command, process.returncode, log.read_text())
 
 
 T = TypeVar("T")
@@ -94,7 +128,8 @@ def train_torch(
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(sources or project / "src"), "OMP_NUM_THREADS": "1"}
-    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment)
+    preload = TORCH if ranks == 1 else ()
+    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment, preload=preload)
     assert result.returncode == 0, result.stdout[-5000:]
     return result
 

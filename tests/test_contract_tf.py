@@ -18,6 +18,7 @@ import pytest
 from conftest import (
     REPO_ROOT,
     SUBSET_FLAGS,
+    TENSORFLOW,
     answers,
     check_subset_runs,
     copy_project,
@@ -49,7 +50,8 @@ def train_tf(project: Path, run_dir: Path, *flags: str, replicas: int = 1, expec
     """Train a mirrored project on `replicas` logical CPU devices; returns its output."""
     module = ["-m", f"{answers(project)['package_name']}.train", "--run-dir", str(run_dir), "--no-progress"]
     environment = {**ENVIRONMENT, "PYTHONPATH": str(project / "src")}
-    result = run([sys.executable, *module, "--cpu-replicas", str(replicas), *flags], cwd=project, env=environment)
+    command = [sys.executable, *module, "--cpu-replicas", str(replicas), *flags]
+    result = run(command, cwd=project, env=environment, preload=TENSORFLOW)
     assert (result.returncode == 0) == expect_success, result.stdout[-5000:]
     return result.stdout
 

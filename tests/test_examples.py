@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, answers, in_parallel, looptpl, run, user_files
+from conftest import REPO_ROOT, TENSORFLOW, TORCH, answers, in_parallel, looptpl, run, user_files
 
 DIGITS = REPO_ROOT / "examples" / "torch-digits-ddp"
 TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
@@ -52,7 +52,8 @@ def train_digits(run_dir: Path, ranks: int) -> dict:
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(DIGITS / "src"), "OMP_NUM_THREADS": "1"}
-    result = run([*launcher, *module, *flags], cwd=DIGITS, timeout=300, env=environment)
+    preload = TORCH if ranks == 1 else ()
+    result = run([*launcher, *module, *flags], cwd=DIGITS, timeout=300, env=environment, preload=preload)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -80,7 +81,7 @@ def train_tf_example(example: Path, run_dir: Path, replicas: int, *flags: str) -
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "TF_NUM_INTRAOP_THREADS": "1",  # 1 and 2 replicas on equal terms, as with OMP_NUM_THREADS above
     }
-    result = run([sys.executable, *module, *flags], cwd=example, timeout=300, env=environment)
+    result = run([sys.executable, *module, *flags], cwd=example, timeout=300, env=environment, preload=TENSORFLOW)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads((run_dir / "summary.json").read_text())
 

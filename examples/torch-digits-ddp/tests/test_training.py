@@ -128,7 +128,10 @@ def test_trains_and_writes_the_run_directory(runs):
     # The training speed leaves validation and the test out: their time is eval_time_s.
     assert result["eval_time_s"] > 0
     trained = 3 * samples_per_epoch()
-    assert result["train_samples_per_s"] == pytest.approx(trained / result["train_time_s"], rel=0.01)
+    # Both figures are rounded (train_time_s to 10 ms, which is much of a run on a fast GPU): the speed
+    # lies between what the ends of that rounding give.
+    seconds, speed = result["train_time_s"], result["train_samples_per_s"]
+    assert trained / (seconds + 0.005) - 0.05 <= speed <= trained / max(seconds - 0.005, 1e-9) + 0.05
 
 
 def test_plot_writes_curves_or_explains_what_is_missing(runs):
