@@ -50,11 +50,13 @@ def run(
 ) -> subprocess.CompletedProcess:
     """Run a command to completion; kill its whole process group if it outlives `timeout`.
 
-    With `preload` (the framework's modules), a `python -m MODULE ...` command is forked from a process
-    that imported them once, as the generated tests start their runs (templates/shared/tests/forked_runs.py).
+    With `preload` (the framework's modules), a one-process training run (`python -m PKG.train ...`, not
+    torchrun) is forked from a process that imported them once, as the generated tests start their runs
+    (templates/shared/tests/forked_runs.py).
     """
-    if preload and command[1:2] == ["-m"]:
-        return run_forked(command, cwd, timeout, {**os.environ, **(env or {})}, preload)
+    environment = {**os.environ, **(env or {})}
+    if preload and command[1:2] == ["-m"] and command[2].endswith(".train"):
+        return run_forked(command, cwd, timeout, environment, preload)
     process = subprocess.Popen(
         command,
         cwd=cwd,
@@ -62,7 +64,7 @@ def run(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, **(env or {})},
+        env=environment,
         start_new_session=True,
     )
     try:
@@ -74,7 +76,7 @@ def run(
     return subprocess.CompletedProcess(command, process.returncode, output)
 
 
-forked_runs = importlib.import_module("forked_runs")  # templates/shared/tests/, on the path below
+forked_runs = importlib.import_module("forked_runs")  # templates/shared/tests/, on the path above
 
 
 def run_forked(
@@ -128,8 +130,7 @@ def train_torch(
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(sources or project / "src"), "OMP_NUM_THREADS": "1"}
-    preload = TORCH if ranks == 1 else ()
-    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment, preload=preload)
+    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment, preload=TORCH)
     assert result.returncode == 0, result.stdout[-5000:]
     return result
 

@@ -52,8 +52,7 @@ def train_digits(run_dir: Path, ranks: int) -> dict:
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(DIGITS / "src"), "OMP_NUM_THREADS": "1"}
-    preload = TORCH if ranks == 1 else ()
-    result = run([*launcher, *module, *flags], cwd=DIGITS, timeout=300, env=environment, preload=preload)
+    result = run([*launcher, *module, *flags], cwd=DIGITS, timeout=300, env=environment, preload=TORCH)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -87,12 +87,12 @@ def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", *
     environment = {**os.environ, "PYTHONPATH": str(sources), "OMP_NUM_THREADS": "1", **environment}
     # Output goes to a file, not a pipe: runs started together never block on a full pipe.
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("")
+    log.write_text("")  # a new log, which either kind of start appends to
     process: subprocess.Popen | forked_runs.ForkedRun
     if command[:3] == [sys.executable, "-m", "gpt_ddp.train"]:  # one process: forked, PRELOAD imported
         process = forked_runs.start(command, log, environment, PRELOAD)
     else:
-        with log.open("w") as output:
+        with log.open("a") as output:
             process = subprocess.Popen(
                 command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
             )
