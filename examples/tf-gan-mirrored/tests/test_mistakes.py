@@ -4,14 +4,19 @@ The failing runs start together (each is mostly TensorFlow's start-up and tracin
 one by one.
 """
 
+import dataclasses
+import json
 import re
 import subprocess
 
 import pytest
+import tensorflow as tf
 from conftest import ZERO_LR, edited_sources, finish, run_training, start_training, summary
 from project import final_split, split_sizes
 
+from gan_mirrored.kit.checkpoint import ConfigState, written_by
 from gan_mirrored.kit.config import TrainConfig, parse_config
+from gan_mirrored.kit.contract import template_version
 from gan_mirrored.kit.errors import ConfigError
 
 ONE_EPOCH = ("--epochs", "1", "--global-batch-size", "40")
@@ -255,6 +260,19 @@ CONFIG_FILE_MISTAKES = {
     'run_dir = ""': "run_dir is empty: the run would go into the current folder; name a folder",
     'run_dir = "runs/{start}/{name}"': "run_dir may hold {start} once and no other braces, got 'runs/{start}/{name}'",
 }
+
+
+def test_a_checkpoint_names_the_template_version_that_wrote_it(tmp_path):
+    """A checkpoint this loop cannot continue is refused naming the version that wrote it (Checkpointer)."""
+    state = ConfigState(TrainConfig())
+    now = tf.train.Checkpoint(config=state).write(str(tmp_path / "now"))
+    version = template_version()
+    assert written_by(now) == (f"template version {version}" if version else "an older version of the template")
+    state.text = json.dumps(dataclasses.asdict(TrainConfig()))  # as checkpoints were before they recorded it
+    older = tf.train.Checkpoint(config=state).write(str(tmp_path / "older"))
+    assert written_by(older) == "an older version of the template"
+    state.text = json.dumps({**dataclasses.asdict(TrainConfig()), "template_version": "0123abc"})
+    assert written_by(tf.train.Checkpoint(config=state).write(str(tmp_path / "named"))) == "template version 0123abc"
 
 
 def test_the_projects_own_config_file_is_one_the_loop_reads():

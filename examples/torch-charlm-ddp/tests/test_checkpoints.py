@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from charlm_ddp import distributed, files, logs
-from charlm_ddp.kit.checkpoint import Checkpointer, load_whole
+from charlm_ddp.kit.checkpoint import FORMAT, HOLDS, Checkpointer, check_format, load_whole
 from charlm_ddp.kit.config import parse_config
+from charlm_ddp.kit.contract import template_version
 from charlm_ddp.kit.errors import CheckpointError
 
 
@@ -101,3 +102,32 @@ def test_a_checkpoint_written_in_the_background_holds_the_weights_it_was_taken_w
                 torch.testing.assert_close(written[key], value, atol=0, rtol=0, msg=f"{name}: {key}")
     finally:
         distributed.teardown(wait_for_others=False)
+
+
+def test_a_checkpoint_this_loop_cannot_continue_is_refused_naming_the_template_version_that_wrote_it(tmp_path):
+    config = parse_config(["--device", "cpu", "--run-dir", str(tmp_path)])
+    runtime = distributed.setup(config)
+    try:
+        model = torch.nn.Linear(3, 2)
+        checkpointer = Checkpointer(tmp_path, runtime, config, model, [torch.optim.AdamW(model.parameters())], None)
+        checkpointer.save({"epoch": 1}, "epoch-0001", is_best=False)
+        checkpointer.finish()
+    finally:
+        distributed.teardown(wait_for_others=False)
+    path = tmp_path / "checkpoints" / "epoch-0001.pt"
+    written = files.load(path)
+    assert written["format"] == FORMAT and written["template"] == template_version()
+    answers = (Path(__file__).parents[1] / ".copier-answers.yml").read_text()
+    assert template_version() is None or f"_commit: {template_version()}" in answers
+
+    complete = {**dict.fromkeys(HOLDS), "format": FORMAT, "template": "0123abc"}
+    check_format(path, complete)  # this loop's own format: nothing to say
+    newer = {**complete, "format": FORMAT + 1}
+    with pytest.raises(CheckpointError, match=rf"written by template version 0123abc \(checkpoint format {FORMAT + 1}"):
+        check_format(path, newer)
+    lacking = {key: value for key, value in complete.items() if key != "schedulers"}
+    with pytest.raises(CheckpointError, match=r"written by template version 0123abc \(it holds no schedulers\)"):
+        check_format(path, lacking)
+    del lacking["template"]  # written before checkpoints recorded the version
+    with pytest.raises(CheckpointError, match=r"written by an older version of the template \(it holds no schedulers"):
+        check_format(path, lacking)

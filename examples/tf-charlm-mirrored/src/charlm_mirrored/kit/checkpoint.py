@@ -21,18 +21,23 @@ from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectG
 
 from ..distributed import Runtime
 from .config import TrainConfig
+from .contract import template_version
 from .errors import CheckpointError, first_line
+
+CONFIG_KEY = "config/.ATTRIBUTES/py_state"  # where a checkpoint holds ConfigState's JSON
 
 
 class ConfigState(tf.train.experimental.PythonState):
-    """The run's config as JSON, stored in every checkpoint beside the weights.
+    """The run's config as JSON, stored in every checkpoint beside the weights, with the template version
+    that wrote it (named if a later version cannot continue the run).
 
     Restoring does not change the running config: the checkpoint's copy lands in `saved`, so a
     resumed run can check that it keeps the settings the checkpoint depends on.
     """
 
     def __init__(self, config: TrainConfig) -> None:
-        self.text = json.dumps(dataclasses.asdict(config), sort_keys=True)
+        written = {**dataclasses.asdict(config), "template_version": template_version()}
+        self.text = json.dumps(written, sort_keys=True)
         self.saved: dict[str, object] = {}
 
     def serialize(self) -> str:
@@ -123,9 +128,9 @@ class Checkpointer:
             except AssertionError:
                 if lacks := sorted(self.names - saved_objects(path)):  # not your files' doing: the template's
                     raise CheckpointError(
-                        f"{path} was written by an older version of the template (it holds no {', '.join(lacks)}), "
-                        "whose runs this loop cannot continue; finish the run with the template version that wrote "
-                        "it (git log -- .copier-answers.yml), or drop --resume to start a new run"
+                        f"{path} was written by {written_by(path)} (it holds no {', '.join(lacks)}), whose runs "
+                        "this loop cannot continue; finish the run with the template version that wrote it "
+                        "(git log -- .copier-answers.yml), or drop --resume to start a new run"
                     ) from None
                 raise CheckpointError(
                     f"{path} does not match this model and optimizer; did model.py, optim.py or --precision "
@@ -168,6 +173,17 @@ def saved_objects(path: str) -> set[str]:
     graph = TrackableObjectGraph()
     graph.ParseFromString(tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return {child.local_name for child in graph.nodes[0].children}
+
+
+def written_by(path: str) -> str:
+    """The template version that wrote a checkpoint, as its config records it (since the checkpoints of
+    late 2026; older ones record none)."""
+    try:
+        config = json.loads(tf.train.load_checkpoint(path).get_tensor(CONFIG_KEY))
+    except (tf.errors.OpError, ValueError, TypeError):  # no config, or none readable
+        config = {}
+    version = config.get("template_version") if isinstance(config, dict) else None
+    return f"template version {version}" if version else "an older version of the template"
 
 
 def _saves(directory: Path) -> list[tuple[int, str]]:

@@ -10,9 +10,13 @@ would show as an ImportError from inside the loop, one missing name per run.)
 It reads your files as text, without running them, so it also works where the project's dependencies
 are not installed. A name your file gets from elsewhere (an import, an assignment) counts as there;
 its arguments are not checked. `python -m digits_mirrored.kit.contract` runs it alone.
+
+`template_version()` names the template version the project has; every checkpoint records it, so one
+that this loop cannot continue is refused naming the version that wrote it.
 """
 
 import ast
+import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -156,6 +160,17 @@ def _refuses(definition: ast.AST | None, count: int) -> bool:
     too_many = count > len(positional) and arguments.vararg is None
     keyword_only = any(default is None for default in arguments.kw_defaults)  # a keyword the loop never passes
     return count < required or too_many or keyword_only
+
+
+def template_version() -> str | None:
+    """The template version this project was made or last updated with (`_commit` in .copier-answers.yml,
+    beside src/), which each checkpoint records; None where that file is not there (an installed copy)."""
+    try:
+        answers = (Path(__file__).parents[3] / ".copier-answers.yml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = re.search(r"^_commit: *['\"]?([^'\"\s]+)", answers, re.MULTILINE)
+    return found[1] if found else None
 
 
 def message(package: Path) -> str:

@@ -25,6 +25,7 @@ from .. import distributed
 from ..distributed import Runtime
 from . import files, rng
 from .config import TrainConfig
+from .contract import template_version
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class Checkpointer:
         self.finish()  # one save at a time
         payload = {**state, **self.weights(FULL_ON_RANK0)}
         payload["format"] = FORMAT
+        payload["template"] = template_version()  # the version that wrote it, named if a later one cannot read it
         payload["rng"] = _per_rank(rng.state(self.runtime), self.runtime.world_size)
         payload["world_size"] = self.runtime.world_size
         if running is not None:
@@ -248,18 +250,20 @@ HOLDS += ("schedulers", "scalers")  # stages.py's part
 def check_format(path: Path, checkpoint: dict[str, Any]) -> None:
     """Refuse, in one line, a checkpoint of another template version's format (not your files' fault)."""
     written = checkpoint.get("format", FORMAT)  # those written before the number had it were format 1 or older
+    # Checkpoints record the template version that wrote them since format 1; older ones say nothing.
+    version = f"template version {checkpoint['template']}" if checkpoint.get("template") else None
     if written > FORMAT:
         raise CheckpointError(
-            f"{path} was written by a newer version of the template (checkpoint format {written}, this loop reads "
-            f"{FORMAT}); update this project (looptpl update) to resume it"
+            f"{path} was written by {version or 'a newer version of the template'} (checkpoint format {written}, "
+            f"this loop reads {FORMAT}); update this project (looptpl update) to resume it"
         )
     lacks = [key for key in HOLDS if key not in checkpoint]
     if lacks or written < FORMAT:
         held = f"it holds no {', '.join(lacks)}" if lacks else f"checkpoint format {written}, this loop reads {FORMAT}"
         raise CheckpointError(
-            f"{path} was written by an older version of the template ({held}), whose runs this loop cannot "
-            "continue; finish the run with the template version that wrote it (git log -- .copier-answers.yml), "
-            "or start a new --run-dir"
+            f"{path} was written by {version or 'an older version of the template'} ({held}), whose runs this "
+            "loop cannot continue; finish the run with the template version that wrote it (git log -- "
+            ".copier-answers.yml), or start a new --run-dir"
         )
 
 
