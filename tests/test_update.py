@@ -246,6 +246,32 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
     assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-8000:]
 
 
+def test_merge_your_files_merges_the_templates_change_into_them_with_markers_where_they_clash(tmp_path, install):
+    install(V1)
+    project = new_project(tmp_path / "proj")
+    filled = edit_like_a_user(project)
+    data = project / "src" / "proj" / "data.py"
+
+    install(V2)
+    preview = looptpl("update", str(project), "--dry-run", "--merge-your-files")
+    assert preview.exit_code == 0 and f"looptpl update {project} --merge-your-files` to apply" in preview.stdout
+    assert data.read_text() == filled[data]
+
+    result = looptpl("update", str(project), "--merge-your-files")
+    # data.py: the user's edits and the template's change, both there; both appended a line, so that
+    # place holds conflict markers, and the update says the file needs attention.
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    merged = data.read_text()
+    assert USER_FILE_CHANGE in merged and "def my_data_helper" in merged and "# DONE(" in merged
+    assert merged.count("<<<<<<< yours") == 1 and f">>>>>>> template {V2}" in merged
+    assert "merged into them" in result.stdout and "  src/proj/data.py (1 conflict)" in result.stdout
+    assert "apply what you want of these changes by hand" not in result.stdout  # merged already
+    assert "need attention: src/proj/data.py" in result.stderr
+    assert not list(project.rglob("*.merged"))
+    for path, text in filled.items():  # the other files of yours: the template did not change them
+        assert path == data or path.read_text() == text
+
+
 def test_a_project_inside_a_monorepo_joins_it_and_updates_there(tmp_path, install):
     install(V1)
     monorepo = tmp_path / "monorepo"

@@ -297,20 +297,30 @@ def update(
             autocompletion=complete_strategy,
         ),
     ] = None,
+    merge_your_files: Annotated[
+        bool,
+        typer.Option(
+            "--merge-your-files",
+            help="Merge the template's changes to your files (data.py, model.py, ...) into them, with conflict "
+            "markers where your edits clash, instead of writing each merge beside the file as FILE.merged.",
+        ),
+    ] = False,
 ) -> None:
     """Merge the installed looptpl's template into a project, keeping your edits; exit 3 if files need attention."""
     from looptpl.update import Status, update_project
 
-    outcome = update_project(path, conflict, dry_run, strategy)  # shows its phases on stderr in a terminal
+    # Shows its phases on stderr in a terminal.
+    outcome = update_project(path, conflict, dry_run, strategy, into_yours=merge_your_files)
     if outcome.plan.status is Status.CURRENT and not outcome.changed:
         typer.echo(f"{path} is already up to date (template {outcome.plan.current}); nothing to do.")
         return
-    report_update(path, outcome, conflict, dry_run, strategy)
+    report_update(path, outcome, conflict, dry_run, strategy, merge_your_files)
     # A dry run that foresees a conflict fails too, so a script or CI job notices; files the user deleted
     # stay deleted on every update, so they fail the update itself only.
     stranded = sorted({edit.path for edit in outcome.stranded})
     attention = [*outcome.conflicts, *stranded] if dry_run else [*outcome.conflicts, *stranded, *outcome.deleted]
     attention += [line.partition(":")[0] for line in outcome.unmet]  # "metrics.py: defines no ..."
+    attention += [name for name, conflicts in outcome.merged if conflicts and not name.endswith(".merged")]
     attention = list(dict.fromkeys(attention))  # a file with markers and a stranded edit, named once
     if attention:
         need = "would need" if dry_run else "need"
@@ -319,7 +329,12 @@ def update(
 
 
 def report_update(
-    path: Path, outcome: "Outcome", conflict: Conflict, dry_run: bool, strategy: str | None = None
+    path: Path,
+    outcome: "Outcome",
+    conflict: Conflict,
+    dry_run: bool,
+    strategy: str | None = None,
+    into_yours: bool = False,
 ) -> None:
     """List the changed files, the ones that clash with the user's edits, and what to do next."""
     action = "Would update" if dry_run else "Updated"
@@ -351,25 +366,28 @@ def report_update(
     )
     lack, train = ("would lack", "would not train") if dry_run else ("lack", "will not train")
     section(
-        f"Your files {lack} what the new loop calls, so the project {train} until you add it "
-        "(your files are yours: an update never changes them):",
+        f"Your files {lack} what the new loop calls, so the project {train} until you add it"
+        + (":" if into_yours else " (your files are yours: an update never changes them):"),
         outcome.unmet,
     )
     if dry_run:
-        typer.echo(f"Nothing was changed. Run `{update_command(path, conflict, strategy)}` to apply.")
+        typer.echo(f"Nothing was changed. Run `{update_command(path, conflict, strategy, into_yours)}` to apply.")
     elif outcome.conflicts:
         fix = "keep what you need and delete the markers" if inline else "apply each .rej by hand, then delete it"
         typer.echo(f"Resolve them ({fix}), review with `git diff`, then commit.")
     else:
         typer.echo("Review with `git diff`, then commit (or undo it with `git reset --hard && git clean -fd`).")
-    if outcome.owned_changes:
+    if outcome.owned_changes and not into_yours:
         typer.echo(
             "The template changed its own version of files you own, which an update leaves as you wrote them; "
             "apply what you want of these changes by hand:"
         )
         typer.echo("\n".join(diff.rstrip("\n") for diff in outcome.owned_changes))
     section(
-        "Those changes merged into your copies, beside them (review each, then move it over your file; "
+        "The template's changes to your files, merged into them (review them with `git diff`; where your edits "
+        "and a change touch the same lines the file holds conflict markers):"
+        if into_yours
+        else "Those changes merged into your copies, beside them (review each, then move it over your file; "
         "where your edits and the change touch the same lines it holds conflict markers):",
         [f"{name} ({f'{count} conflict' + 's' * (count > 1) if count else 'clean'})" for name, count in outcome.merged],
     )
@@ -382,13 +400,15 @@ def section(heading: str, items: list[str]) -> None:
         typer.echo("\n".join(f"  {item}" if item else "" for item in items))
 
 
-def update_command(path: Path, conflict: Conflict, strategy: str | None) -> str:
+def update_command(path: Path, conflict: Conflict, strategy: str | None, into_yours: bool = False) -> str:
     """The `looptpl update` that applies what a dry run with these options showed, quoted for a shell."""
     import shlex
 
     options = ["--strategy", strategy] if strategy is not None else []
     if conflict is not Conflict.inline:
         options += ["--conflict", conflict.value]
+    if into_yours:
+        options.append("--merge-your-files")
     return shlex.join(["looptpl", "update", str(path), *options])
 
 

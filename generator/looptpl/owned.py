@@ -2,7 +2,7 @@
 
 For each file you own (copier.yml's `_skip_if_exists`) whose template version changed between the
 project's version and the new one: a unified diff of the template's change, and that change merged
-into your copy (three-way), written beside it as FILE.merged.
+into your copy (three-way), written beside it as FILE.merged (or, on request, into your file).
 """
 
 import difflib
@@ -58,11 +58,13 @@ def owned_changes(versions: tuple[str, str], old: Path, new: Path, changed: list
 
 
 def merge_into_yours(
-    project: Path, versions: tuple[str, str], old: Path, new: Path, changed: list[str]
+    project: Path, versions: tuple[str, str], old: Path, new: Path, changed: list[str], in_place: bool = False
 ) -> list[tuple[str, int]]:
     """For each of your files whose template version `changed`, the change merged into your copy (a
     three-way merge: the template's old version, yours, its new one), written beside it as FILE.merged
-    for you to review and move over; your file itself is left as it is."""
+    for you to review and move over, your file left as it is; or, `in_place`, into your file itself, with
+    conflict markers where your edits and the change touch the same lines. Returns (the file written, its
+    number of conflicts) for each."""
     written = []
     labels = ["yours", f"template {versions[0]}", f"template {versions[1]}"]
     for name in changed:
@@ -73,7 +75,7 @@ def merge_into_yours(
         result = subprocess.run(["git", *command, str(yours), str(before), str(after)], capture_output=True)
         if result.returncode < 0 or result.returncode > 127 or result.stdout == yours.read_bytes():
             continue  # git could not merge it, or the change is in your copy already
-        side = yours.with_name(yours.name + ".merged")
-        side.write_bytes(result.stdout)
-        written.append((f"{name}.merged", result.returncode))  # git merge-file's status: the conflicts
+        target = yours if in_place else yours.with_name(yours.name + ".merged")
+        target.write_bytes(result.stdout)
+        written.append((str(target.relative_to(project)), result.returncode))  # git merge-file's status: conflicts
     return written

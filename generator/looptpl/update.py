@@ -66,7 +66,8 @@ class Outcome:
     # What the merged project's files lack of what its loop calls (its kit/contract.py check), one line each.
     unmet: list[str] = field(default_factory=list)
     # Beside each of your files whose template version changed: the change merged into your copy, in
-    # FILE.merged, with the number of conflicts it holds ("src/pkg/model.py.merged", 0).
+    # FILE.merged, with the number of conflicts it holds ("src/pkg/model.py.merged", 0); with
+    # --merge-your-files, your file itself ("src/pkg/model.py", 1).
     merged: list[tuple[str, int]] = field(default_factory=list)
     # The template's CHANGELOG.md sections after the project's version up to the new one.
     notes: list[str] = field(default_factory=list)
@@ -95,10 +96,15 @@ def plan_update(project: Path, answers: dict[str, Any] | None = None) -> Plan:
 
 
 def update_project(
-    project: Path, conflict: Conflict = Conflict.inline, dry_run: bool = False, strategy: str | None = None
+    project: Path,
+    conflict: Conflict = Conflict.inline,
+    dry_run: bool = False,
+    strategy: str | None = None,
+    into_yours: bool = False,
 ) -> Outcome:
     """Update the project in place (or, with dry_run, a throwaway clone of it) and report the result; with
-    `strategy`, switch the project to that strategy of its backend at the same time."""
+    `strategy`, switch the project to that strategy of its backend at the same time; with `into_yours`,
+    merge the template's changes to your files into them (else beside them, as FILE.merged)."""
     answers = read_answers(project)
     changes = _strategy_change(answers, strategy)
     top = check_repository(project)
@@ -129,7 +135,9 @@ def update_project(
         managed = [name for name in _rendered(old) if name not in yours]
         stranded = stranded_edits(project, old, new, managed)
         outcome = _merge(project, top, plan, conflict, dry_run, changes, missing, first, answers)
-        merged = [] if dry_run else merge_into_yours(project, versions, old, new, changed)
+        merged = [] if dry_run else merge_into_yours(project, versions, old, new, changed, into_yours)
+    if merged and into_yours:  # your files changed: check them again
+        outcome = dataclasses.replace(outcome, unmet=contract.unmet(project, answers.get("package_name")))
     if not dry_run:  # the lines of each stranded edit in the merged file (a dry run changed no file)
         stranded = [edit.relocated(project) for edit in stranded]
     notes = changelog.between(template_text(plan.template, changelog.PATH), *versions)
