@@ -25,6 +25,7 @@ Run from the repository root (about 1 minute on 2 idle CPU cores, up to 3 when t
     .venv/bin/python bench/torch_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
     .venv/bin/python bench/torch_loop.py --hook-cost --skip-lightning --batch-size 16 --rounds 7
     .venv/bin/python bench/torch_loop.py --augment --skip-lightning   # random augmentation in every loop
+    .venv/bin/python bench/torch_loop.py --augment python --skip-lightning   # ... drawn from Python's random
     .venv/bin/python bench/torch_loop.py --skip-lightning --baseline-ref HEAD~1   # against an older template
 """
 
@@ -85,9 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--augment",
-        action="store_true",
-        help="Give every train sample random augmentation (torch noise, a Python-drawn scale) in every loop; "
-        "the generated loop seeds it per sample for exact resume, the others draw freely. Target: 0.9x.",
+        nargs="?",
+        const="torch",
+        choices=["torch", "python"],
+        help="Give every train sample random augmentation in every loop: noise and a scale drawn from torch's "
+        "generator, as torchvision's transforms draw (torch, the default), or the scale from Python's `random`, as "
+        "albumentations draws (python). The generated loop seeds each generator data.py draws from per sample, "
+        "for exact resume; the others draw freely. Target: 0.9x.",
     )
     parser.add_argument(
         "--baseline-ref",
@@ -136,24 +141,28 @@ def render_baseline(root: Path, ref: str) -> types.ModuleType:
 
 
 class Augmented(Dataset):
-    """A train split whose samples get fresh random augmentation on every load: Gaussian noise from
-    torch's generator and a scale drawn from Python's (what torchvision and albumentations draw from)."""
+    """A train split whose samples get fresh random augmentation on every load: Gaussian noise, and a
+    scale drawn from torch's generator (`draws="torch"`, as torchvision's transforms draw) or from
+    Python's (`draws="python"`, as albumentations draws)."""
 
-    def __init__(self, base: TensorDataset) -> None:
-        self.base = base
+    def __init__(self, base: TensorDataset, draws: str) -> None:
+        self.base, self.draws = base, draws
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, target = self.base[index]
-        return (inputs + 0.1 * torch.randn(inputs.shape)) * random.uniform(0.9, 1.1), target
+        # torchvision draws a parameter as torch.empty(1).uniform_(...); albumentations with random.uniform.
+        scale = float(torch.empty(1).uniform_(0.9, 1.1)) if self.draws == "torch" else random.uniform(0.9, 1.1)
+        return (inputs + 0.1 * torch.randn(inputs.shape)) * scale, target
 
 
 def build_datasets(
-    project: types.ModuleType, train_size: int, augment: bool = False
+    project: types.ModuleType, train_size: int, augment: str | None = None
 ) -> tuple[Dataset, TensorDataset, TensorDataset]:
-    """The project's synthetic task (data.py), with `train_size` training samples (augmented if asked)."""
+    """The project's synthetic task (data.py), with `train_size` training samples (augmented, drawing from
+    torch's generator or Python's, if asked)."""
     data = project.data
     generator = torch.Generator().manual_seed(1234)
     hidden = torch.randn(data.NUM_FEATURES, 32, generator=generator)
@@ -165,7 +174,7 @@ def build_datasets(
         return TensorDataset(inputs, targets)
 
     train = make_split(train_size)
-    return Augmented(train) if augment else train, make_split(VAL_SIZE), make_split(TEST_SIZE)
+    return Augmented(train, augment) if augment else train, make_split(VAL_SIZE), make_split(TEST_SIZE)
 
 
 def fresh_model(project: types.ModuleType, seed: int = 0) -> torch.nn.Module:
@@ -383,7 +392,7 @@ def report(
     print(
         f"\ntorch {torch.__version__}, {args.threads} thread(s) on {cores} CPUs; train {args.train_size} samples, "
         f"batch {args.batch_size}, {args.warmup_epochs} warmup + {args.epochs} timed epochs x {args.rounds} rounds; "
-        f"progress bar {args.progress}; augmentation {'on' if args.augment else 'off'}; "
+        f"progress bar {args.progress}; augmentation {f'drawn from {args.augment}' if args.augment else 'off'}; "
         f"hand-written schedule {'warmup+cosine' if args.hand_schedule else 'none'}; "
         f"template {template_revision()}; {elapsed:.0f}s; load average {load[0]:.1f} -> {load[1]:.1f}"
     )
