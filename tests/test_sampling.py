@@ -173,6 +173,30 @@ def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, ki
         assert samples.seeded == (set() if kind == "none" else {kind})  # the others cost nothing
 
 
+def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling, monkeypatch):
+    # Watching three generators costs ~30 us a batch: torch's data sets that only index tensors draw
+    # nothing, so they skip it; a subclass with its own __getitem__, or any other data set, is watched.
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    tensors = TensorDataset(torch.arange(10.0))
+
+    class Drawing(TensorDataset):
+        def __getitem__(self, index):
+            return (self.tensors[0][index] + torch.rand(()),)
+
+    pure = [tensors, Subset(tensors, [1, 2]), ConcatDataset([tensors, Subset(tensors, [3])])]
+    watched = [Drawing(torch.arange(10.0)), Subset(Drawing(torch.arange(10.0)), [1]), Augmented("none", 60)]
+    assert [sampling.draws_nothing(dataset) for dataset in pure] == [True] * 3
+    assert [sampling.draws_nothing(dataset) for dataset in watched] == [False] * 3
+    calls = []
+    states = sampling.generator_states
+    monkeypatch.setattr(sampling, "generator_states", lambda: calls.append(1) or states())
+    assert sampling.SeededSamples(tensors, seed=7).__getitems__([(1, 4), (1, 5)]) == [tensors[4], tensors[5]]
+    assert calls == []
+    sampling.SeededSamples(watched[0], seed=7).__getitems__([(1, 4)])
+    assert calls
+
+
 class Unmoved:
     """Samples 0..99; sample 60 makes a draw that leaves its generator's position where it was."""
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import ConcatDataset, Dataset, Sampler, Subset, TensorDataset
 
 from .shuffle import Shuffle
 
@@ -122,12 +122,15 @@ class SeededSamples(Dataset):
     Seeding three generators for every sample costs more than loading a small one, so only the
     generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
     moved another generator, it is loaded again with that one seeded too, and so are all that follow.
+    Watching the generators costs ~30 us a batch; torch's own data sets that only index tensors
+    (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
         self.seeded: set[str] = set()  # the generators data.py was seen to draw from
+        self.draws = not draws_nothing(dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -138,6 +141,8 @@ class SeededSamples(Dataset):
     def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
         indices = [index for _, index in keys]
+        if not self.draws:
+            return Samples([self.dataset[index] for index in indices], indices)
         callers = generator_states()
         try:
             while True:
@@ -158,6 +163,19 @@ class SeededSamples(Dataset):
             seed_generators(self.seed, epoch, index, self.seeded)
             items.append(self.dataset[index])
         return items
+
+
+def draws_nothing(dataset: Dataset) -> bool:
+    """Whether loading from `dataset` surely draws no random number: one of torch's data sets that only
+    index tensors (TensorDataset, with its own __getitem__), or a Subset or ConcatDataset of those."""
+    kind = type(dataset)
+    if kind.__getitem__ is TensorDataset.__getitem__:
+        return True
+    if kind.__getitem__ is Subset.__getitem__ and isinstance(dataset, Subset):
+        return draws_nothing(dataset.dataset)
+    if kind.__getitem__ is ConcatDataset.__getitem__ and isinstance(dataset, ConcatDataset):
+        return all(draws_nothing(part) for part in dataset.datasets)
+    return False
 
 
 class IndexedSamples(Dataset):
