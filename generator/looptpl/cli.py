@@ -320,7 +320,8 @@ def update(
     stranded = sorted({edit.path for edit in outcome.stranded})
     attention = [*outcome.conflicts, *stranded] if dry_run else [*outcome.conflicts, *stranded, *outcome.deleted]
     attention += [line.partition(":")[0] for line in outcome.unmet]  # "metrics.py: defines no ..."
-    attention += [name for name, conflicts in outcome.merged if conflicts and not name.endswith(".merged")]
+    if merge_your_files:  # your files themselves hold the markers
+        attention += [name for name, conflicts in outcome.merged if conflicts]
     attention = list(dict.fromkeys(attention))  # a file with markers and a stranded edit, named once
     if attention:
         need = "would need" if dry_run else "need"

@@ -61,6 +61,7 @@ class Checkpointer:
         self.keep = config.keep_checkpoints
         self.model, self.optimizers, self.ema = model, optimizers, ema
         self.in_background = config.async_checkpoints
+        self.template = template_version()  # recorded in each checkpoint, named if a later version cannot read it
         self.writer = ThreadPoolExecutor(max_workers=1) if self.in_background else None  # rank 0 writes in it
         self.writing: tuple[Future | None, Path, bool] | None = None  # a save in progress: its folder, is_best
 
@@ -72,7 +73,7 @@ class Checkpointer:
         self.finish()  # one save at a time
         payload = {**state, **self.weights(FULL_ON_RANK0)}
         payload["format"] = FORMAT
-        payload["template"] = template_version()  # the version that wrote it, named if a later one cannot read it
+        payload["template"] = self.template
         payload["rng"] = _per_rank(rng.state(self.runtime), self.runtime.world_size)
         payload["world_size"] = self.runtime.world_size
         if running is not None:
