@@ -30,6 +30,30 @@ TORCH = ("torch", "torch.distributed.checkpoint.state_dict")
 TENSORFLOW = ("tensorflow",)
 
 
+# Modules with the most training first, so pytest-xdist's two workers (pyproject.toml: loadscope, in collection
+# order) start on the long ones and the short ones fill in at the end; a module not named here comes after these.
+LONGEST_FIRST = (
+    "test_all_variants_pass_their_own_tests.py",
+    "test_contract.py",
+    "test_contract_tf.py",
+    "test_update.py",
+    "test_examples.py",
+    "test_streaming_tf.py",
+    "test_streaming.py",
+    "test_docs.py",
+    "test_generated_projects.py",
+    "test_backend_parity.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
+
+
 def looptpl(*args: str) -> "CliResult":
     """Run the CLI in-process with stdin that is not a terminal (so nothing is asked)."""
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
@@ -50,12 +74,12 @@ def run(
 ) -> subprocess.CompletedProcess:
     """Run a command to completion; kill its whole process group if it outlives `timeout`.
 
-    With `preload` (the framework's modules), a one-process training run (`python -m PKG.train ...`, not
-    torchrun) is forked from a process that imported them once, as the generated tests start their runs
-    (templates/shared/tests/forked_runs.py).
+    With `preload` (the framework's modules), a training run (`python -m PKG.train ...`, or torchrun's
+    agent, whose ranks are new processes) is forked from a process that imported them once, as the
+    generated tests start their runs (templates/shared/tests/forked_runs.py).
     """
     environment = {**os.environ, **(env or {})}
-    if preload and command[1:2] == ["-m"] and command[2].endswith(".train"):
+    if preload and command[1:2] == ["-m"] and (command[2].endswith(".train") or command[2] == "torch.distributed.run"):
         return run_forked(command, cwd, timeout, environment, preload)
     process = subprocess.Popen(
         command,

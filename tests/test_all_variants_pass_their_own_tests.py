@@ -1,8 +1,8 @@
 """Every variant's project passes its own test suite, as its user runs it with `pytest`.
 
-The longest part of this suite: pytest-xdist (`--dist loadscope`) hands each module, and each class, to
-one worker, in collection order. This module comes first by name, and its two classes (torch, TensorFlow)
-start at once on the two workers; the other modules go to whichever worker is free.
+The longest part of this suite, so it goes first: pytest-xdist (`--dist loadscope`, in collection order,
+see pyproject.toml) hands each class to one worker, and here each variant has a class of its own, the
+longest suites first, so the two workers start on them and the shorter modules fill in after.
 """
 
 import re
@@ -60,19 +60,27 @@ def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
     assert " passed" in result.stdout and "failed" not in result.stdout
 
 
-# A class per backend: pytest-xdist's loadscope hands each class to a worker of its own, as it does a module.
-class TestTorchProjects:
-    @pytest.mark.slow
-    @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "torch"])
-    def test_generated_project_passes_its_own_tests(self, projects, strategy):
-        passes_its_own_tests(projects, strategy)
+# The variants, long suites first (minutes on 2 busy cores: multi-worker 11-13, one-device 8-10, ddp and fsdp
+# 6-7, single and mirrored 4): a class each, which pytest-xdist's loadscope hands to a worker of its own. Each
+# worker starts with two classes: one takes one-device then multi-worker, the other ddp then fsdp, so the two
+# TensorFlow suites that start the most processes at once do not run side by side.
+SUITE_ORDER = ("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored")
 
 
-class TestTensorflowProjects:
+def suite_test(strategy: str) -> type:
+    """A test class whose one test runs `strategy`'s suite."""
+
     @pytest.mark.slow
-    @pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS if variant.backend == "tensorflow"])
-    def test_generated_project_passes_its_own_tests(self, projects, strategy):
+    def test_generated_project_passes_its_own_tests(self, projects):
         passes_its_own_tests(projects, strategy)
+
+    name = "Test" + "".join(part.title() for part in strategy.split("-")) + "Project"
+    return type(name, (), {"test_generated_project_passes_its_own_tests": test_generated_project_passes_its_own_tests})
+
+
+for _strategy in SUITE_ORDER:
+    _suite = suite_test(_strategy)
+    globals()[_suite.__name__] = _suite
 
 
 def test_every_variant_shares_its_backends_test_helpers_so_only_what_differs_runs_twice(projects):
@@ -81,3 +89,8 @@ def test_every_variant_shares_its_backends_test_helpers_so_only_what_differs_run
     for strategy in projects:
         if strategy not in REFERENCE.values():
             assert helpers_read_alike(projects, strategy), f"{strategy}'s tests/conftest.py or project.py differ"
+
+
+def test_every_variant_has_a_suite_class():
+    """A variant missing from SUITE_ORDER would have its project's suite run nowhere."""
+    assert sorted(SUITE_ORDER) == sorted(variant.strategy for variant in VARIANTS)

@@ -33,6 +33,7 @@ from gan_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (you
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # One-process runs fork from a process that imported these once (tests/forked_runs.py): seconds saved per run.
 PRELOAD = ("torch", "torch.distributed.checkpoint.state_dict")
+TORCHRUN = "torch.distributed.run"  # torchrun, as `python -m`
 
 # Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
 # update moves the weights), or a constant one (which does not depend on the run's length).
@@ -79,7 +80,7 @@ def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple
     if ranks == 1:
         return [sys.executable, *module]
     # --standalone picks a free rendezvous port, so parallel test runs never clash.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *module]
+    return [sys.executable, "-m", TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", *module]
 
 
 def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", **environment: str) -> Training:
@@ -89,7 +90,8 @@ def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", *
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")  # a new log, which either kind of start appends to
     process: subprocess.Popen | forked_runs.ForkedRun
-    if command[:3] == [sys.executable, "-m", "gan_ddp.train"]:  # one process: forked, PRELOAD imported
+    # One process, or torchrun's agent (whose ranks are new processes): forked, with PRELOAD imported.
+    if command[:3] in ([sys.executable, "-m", "gan_ddp.train"], [sys.executable, "-m", TORCHRUN]):
         process = forked_runs.start(command, log, environment, PRELOAD)
     else:
         with log.open("a") as output:

@@ -563,6 +563,9 @@ class TrainStep:
             samples += update_samples
         return totals, samples
 
+    # Traced as the plain Python it is (loops over stages and micro-batches; tf.cond decides a skip), not
+    # rewritten by AutoGraph, which for it and all it calls cost seconds at every start.
+    @tf.autograph.experimental.do_not_convert
     def _update(self, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
         """One update of every stage on one global batch; returns its totals and samples."""
         sums, applied, samples = self.strategy.run(self._replica_update, args=(batch,))

@@ -31,7 +31,7 @@ def compile_micro_step(micro_step: Callable[[Any], Any], stages: list[Stage]) ->
             f"--jit-compile compiles the step of one optimizer, and optim.py builds {len(stages)} ({names}); "
             "train without --jit-compile"
         )
-    return tf.function(micro_step, jit_compile=True)
+    return tf.function(micro_step, jit_compile=True, autograph=False)  # plain Python: see train.py's _update
 
 
 def xla_error(error: tf.errors.InvalidArgumentError) -> Exception:
