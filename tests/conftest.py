@@ -103,6 +103,19 @@ def run(
 forked_runs = importlib.import_module("forked_runs")  # templates/shared/tests/, on the path above
 
 
+def stop_forked_runs() -> None:
+    """End the forked-runs servers this process started (the next forked run starts a new one).
+
+    For a test that runs looptpl in this process and cancels it: the cancellation waits up to 30 s
+    for every child of the process to end (signals.wait_for_children), a server included.
+    """
+    with forked_runs.SERVERS_LOCK:
+        for server in forked_runs.SERVERS.values():
+            server.process.stdin.close()  # type: ignore[union-attr]  # the server ends at the end of its input
+            server.process.wait(timeout=30)
+        forked_runs.SERVERS.clear()
+
+
 def run_forked(
     command: list[str], cwd: Path, timeout: float, env: dict[str, str], preload: tuple[str, ...]
 ) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from conftest import answers, looptpl
+from conftest import answers, looptpl, stop_forked_runs
 from test_update import V1, V2, git, install, isolated, new_project, template_repo  # noqa: F401 (fixtures)
 
 from looptpl import render, signals
@@ -169,7 +169,9 @@ def test_a_signal_during_new_is_one_line_and_leaves_nothing(tmp_path, name, dela
 
 @pytest.fixture
 def cancellable(monkeypatch):
-    """looptpl's own SIGINT/SIGTERM handlers in this process, as the `looptpl` script installs them."""
+    """looptpl's own SIGINT/SIGTERM handlers in this process, as the `looptpl` script installs them; with no
+    forked-runs server of an earlier test left as a child, which a cancellation would wait 30 s for."""
+    stop_forked_runs()
     handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     for name in ("cancelled", "exit_code", "_deferring", "_finished"):  # install() sets them: restored after
         monkeypatch.setattr(signals, name, getattr(signals, name))

@@ -80,7 +80,7 @@ def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple
     if ranks == 1:
         return [sys.executable, *module]
     # --standalone picks a free rendezvous port, so parallel test runs never clash.
-    return [sys.executable, "-m", TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", *module]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *module]
 
 
 def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", **environment: str) -> Training:
