@@ -33,7 +33,6 @@ from digits_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # One-process runs fork from a process that imported these once (tests/forked_runs.py): seconds saved per run.
 PRELOAD = ("torch", "torch.distributed.checkpoint.state_dict")
-TORCHRUN = "torch.distributed.run"  # torchrun, as `python -m`
 
 # Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
 # update moves the weights), or a constant one (which does not depend on the run's length).
@@ -91,7 +90,7 @@ def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", *
     log.write_text("")  # a new log, which either kind of start appends to
     process: subprocess.Popen | forked_runs.ForkedRun
     # One process, or torchrun's agent (whose ranks are new processes): forked, with PRELOAD imported.
-    if command[:3] in ([sys.executable, "-m", "digits_ddp.train"], [sys.executable, "-m", TORCHRUN]):
+    if command[:2] == [sys.executable, "-m"] and command[2] in ("digits_ddp.train", "torch.distributed.run"):
         process = forked_runs.start(command, log, environment, PRELOAD)
     else:
         with log.open("a") as output:
