@@ -1,5 +1,6 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
+import contextlib
 import importlib
 import json
 import math
@@ -7,9 +8,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -71,16 +74,19 @@ def run(
     timeout: float = 900,
     env: dict[str, str] | None = None,
     preload: tuple[str, ...] = (),
+    ranks: int = 1,
 ) -> subprocess.CompletedProcess:
     """Run a command to completion; kill its whole process group if it outlives `timeout`.
 
     With `preload` (the framework's modules), a training run (`python -m PKG.train ...`, or torchrun's
     agent, whose ranks are new processes) is forked from a process that imported them once, as the
-    generated tests start their runs (templates/shared/tests/forked_runs.py).
+    generated tests start their runs (templates/shared/tests/forked_runs.py); with `ranks`, that many
+    processes of it, each given the variables torchrun gives its ranks.
     """
     environment = {**os.environ, **(env or {})}
     if preload and command[1:2] == ["-m"] and (command[2].endswith(".train") or command[2] == "torch.distributed.run"):
-        return run_forked(command, cwd, timeout, environment, preload)
+        return run_forked(command, cwd, timeout, environment, preload, ranks)
+    assert ranks == 1, "only a forked training run starts its ranks itself"
     process = subprocess.Popen(
         command,
         cwd=cwd,
@@ -117,18 +123,38 @@ def stop_forked_runs() -> None:
 
 
 def run_forked(
-    command: list[str], cwd: Path, timeout: float, env: dict[str, str], preload: tuple[str, ...]
+    command: list[str], cwd: Path, timeout: float, env: dict[str, str], preload: tuple[str, ...], ranks: int
 ) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "output.log"
-        process = forked_runs.start(command, log, env, preload, cwd)
+        processes = [
+            forked_runs.start(command, log, {**env, **variables}, preload, cwd) for variables in rank_variables(ranks)
+        ]
+        deadline = time.monotonic() + timeout
         try:
-            process.wait(timeout)
+            for process in processes:
+                process.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):  # one that has ended
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
             pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{log.read_text()[-5000:]}")
-        return subprocess.CompletedProcess(command, process.returncode, log.read_text())
+        code = next((process.returncode for process in processes if process.returncode), 0)
+        return subprocess.CompletedProcess(command, code, log.read_text())
+
+
+def rank_variables(ranks: int) -> list[dict[str, str]]:
+    """The variables torchrun gives each of `ranks` processes on one machine (none for one process), as
+    the generated torch projects' tests start their ranks (templates/torch/tests/conftest.py.jinja)."""
+    if ranks == 1:
+        return [{}]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    world["LOCAL_WORLD_SIZE"] = str(ranks)
+    return [{**world, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(ranks)]
 
 
 T = TypeVar("T")
@@ -157,17 +183,15 @@ def python() -> str:
 def train_torch(
     project: Path, run_dir: Path, *flags: str, ranks: int = 1, sources: Path | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Train a torch project on the CPU (`ranks` gloo processes under torchrun); fails the test on an error.
+    """Train a torch project on the CPU (`ranks` gloo processes, given what torchrun gives its ranks); fails
+    the test on an error.
 
     `sources` replaces the project's src/ (an edited copy); one thread per rank, as torchrun sets it.
     """
     package = answers(project)["package_name"]
     module = ["-m", f"{package}.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress", *flags]
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(sources or project / "src"), "OMP_NUM_THREADS": "1"}
-    result = run([*launcher, *module], cwd=project, timeout=timeout, env=environment, preload=TORCH)
+    result = run([sys.executable, *module], cwd=project, timeout=timeout, env=environment, preload=TORCH, ranks=ranks)
     assert result.returncode == 0, result.stdout[-5000:]
     return result
 

@@ -1,5 +1,6 @@
 """Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import forked_runs  # tests/forked_runs.py: one-process runs start without importing TensorFlow again
+import forked_runs  # tests/forked_runs.py: runs start without importing TensorFlow again
 import launcher  # tests/launcher.py: how this project's strategy starts a run
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ if mismatches := message(PROJECT_ROOT / "src" / "digits_mirrored"):
     sys.exit(mismatches)
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-# One-process runs fork from a process that imported TensorFlow once (tests/forked_runs.py): seconds saved per run.
+# Runs fork from a process that imported TensorFlow once (tests/forked_runs.py): seconds saved per process.
 PRELOAD = ("tensorflow",)
 
 # Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
@@ -46,17 +47,20 @@ def data_prepared():
 
 @dataclass
 class Training:
-    """A training run started in the background; `finish` waits for it."""
+    """A training run started in the background, in one process or one per worker; `finish` waits for it."""
 
-    process: subprocess.Popen | forked_runs.ForkedRun
+    processes: list[subprocess.Popen | forked_runs.ForkedRun]
     log: Path
     started: float
+
+    def send_signal(self, signal_number: int) -> None:
+        for process in self.processes:
+            process.send_signal(signal_number)
 
 
 def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path = PROJECT_ROOT / "src") -> Training:
     """Start training on the CPU, writing to `run_dir`, on `replicas` replicas (launcher.py says how).
     settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
-    command = launcher.command(run_dir, *flags_for_tests(), *flags, replicas=replicas)
     environment = {
         **os.environ,
         "PYTHONPATH": str(sources),
@@ -67,27 +71,30 @@ def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path 
     # Output goes to a file, not a pipe: runs started together never block on a full pipe.
     log = run_dir.with_name(run_dir.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    process: subprocess.Popen | forked_runs.ForkedRun
-    if command[:3] == [sys.executable, "-m", "digits_mirrored.train"]:  # one process: forked, PRELOAD imported
-        process = forked_runs.start(command, log, environment, PRELOAD)
-    else:
-        with log.open("a") as output:
-            process = subprocess.Popen(
-                command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
-            )
-    return Training(process, log, time.monotonic())
+    # Each process is forked from one that imported TensorFlow once (tests/forked_runs.py).
+    processes = [
+        forked_runs.start(command, log, {**environment, **variables}, PRELOAD)
+        for command, variables in launcher.processes(run_dir, *flags_for_tests(), *flags, replicas=replicas)
+    ]
+    return Training(processes, log, time.monotonic())
 
 
 def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
-    """Wait for a run; kill it, and everything it started, if it outlives RUN_TIMEOUT_S."""
+    """Wait for a run; kill it, and everything it started, if it outlives RUN_TIMEOUT_S. Its exit code is
+    that of its first process that failed, as launch.py reports a failed worker's."""
+    deadline = training.started + RUN_TIMEOUT_S
     try:
-        training.process.wait(timeout=max(1.0, training.started + RUN_TIMEOUT_S - time.monotonic()))
+        for process in training.processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(training.process.pid, signal.SIGKILL)  # the whole group: the run and every process it started
-        training.process.wait()
+        for process in training.processes:
+            with contextlib.suppress(ProcessLookupError):  # one that ended already
+                os.killpg(process.pid, signal.SIGKILL)  # the whole group: the run and every process it started
+            process.wait()
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()
-    result = subprocess.CompletedProcess(training.process.args, training.process.returncode, output)
+    code = next((process.returncode for process in training.processes if process.returncode), 0)
+    result = subprocess.CompletedProcess(training.processes[0].args, code, output)
     if expect_success and result.returncode != 0:
         pytest.fail(f"training failed with exit code {result.returncode}:\n{output}")
     return result

@@ -10,8 +10,11 @@ replica 0 and none to replica 1.
 import sys
 from pathlib import Path
 
+# A process: its command, and the environment variables it gets beside the tests' own.
+Process = tuple[list[str], dict[str, str]]
 
-def command(run_dir: Path, *flags: str, replicas: int = 1) -> list[str]:
-    """The command that trains into `run_dir` in one process, with `replicas` replicas on logical CPU devices."""
+
+def processes(run_dir: Path, *flags: str, replicas: int = 1) -> list[Process]:
+    """The one process that trains into `run_dir`, with `replicas` replicas on logical CPU devices."""
     module = ["-m", "digits_mirrored.train", "--run-dir", str(run_dir), "--no-progress"]
-    return [sys.executable, *module, "--cpu-replicas", str(replicas), *flags]
+    return [([sys.executable, *module, "--cpu-replicas", str(replicas), *flags], {})]

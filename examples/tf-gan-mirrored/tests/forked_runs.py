@@ -12,9 +12,11 @@ from a new process remains: the runs share the server's seed for hashing strings
 strings iterates in the same order in each of them.
 
 `start(command, log, environment, preload)` returns a handle with the `subprocess.Popen` methods the
-tests use (pid, poll, wait, returncode, send_signal). torchrun (`python -m torch.distributed.run`) is
-forked the same way: its agent starts with torch imported, and starts each rank as a new process. A
-command that is not `python -m MODULE ...` (a launcher script) is started as a real subprocess by the caller.
+tests use (pid, poll, wait, returncode, send_signal). A run of several ranks (or workers) is several
+such runs, each given its rank's environment. torchrun (`python -m torch.distributed.run`), for the
+tests of what it does itself, is forked the same way: its agent starts with torch imported, and starts
+each rank as a new process. A command that is not `python -m MODULE ...` (a launcher script) is started
+as a real subprocess by the caller.
 """
 
 import json

@@ -75,6 +75,14 @@ MISTAKES |= {
         "    losses = per_sample_loss(model(inputs, training=True), targets)\n"
         "    return Mean(tf.reshape(losses, [tf.reduce_sum(tf.cast(losses > -1.0, tf.int32))]))",
     ),
+    # A Python `if` on a tensor's value: step.py is traced as plain Python, with no AutoGraph to rewrite it.
+    "if_on_a_tensor": (
+        "step.py",
+        DEFAULT_STEP,
+        "    import tensorflow as tf\n\n"
+        "    if tf.reduce_max(inputs) > 100.0:\n"
+        "        inputs = inputs / 100.0\n" + DEFAULT_STEP,
+    ),
     # Two losses for the one optimizer.
     "two_losses": (
         "step.py",
@@ -193,6 +201,11 @@ def test_an_averaged_loss_is_refused(mistakes):
     [
         ("integer_loss", r"the 'model' loss from train_step is int32, which has no gradient; return a floating "),
         ("two_datasets", r"data\.py: build_datasets must return \(train, val, test\) datasets, got a tuple of 2$"),
+        (
+            "if_on_a_tensor",
+            r"step\.py:\d+ failed in train_step: a tensor used as a Python bool or iterated over; the step is traced "
+            r"once as plain Python, so decide on a tensor with tf\.where or tf\.cond",
+        ),
         (
             "optimizer_typo",
             r"optim\.py:\d+ failed building the optimizer: AttributeError: 'TrainConfig' object has no attribute "

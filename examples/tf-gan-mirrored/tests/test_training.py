@@ -102,7 +102,7 @@ def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one
     deadline = time.monotonic() + 120
     while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    training.process.send_signal(signal.SIGINT if name == "Ctrl-C" else signal.SIGTERM)
+    training.send_signal(signal.SIGINT if name == "Ctrl-C" else signal.SIGTERM)
     result = finish(training, expect_success=False)
     assert result.returncode == code, result.stdout
     assert result.stdout.count(f"{name}: stopping at the next --log-every boundary, with a checkpoint") == 1

@@ -1,4 +1,9 @@
-"""Two ranks train exactly like one rank with the same global batch (gloo on the CPU)."""
+"""Two ranks train exactly like one rank with the same global batch (gloo on the CPU).
+
+The tests start the ranks themselves, each with the variables torchrun gives it (conftest.py's
+`rank_variables`), forked from a process that imported torch once; the tests of what torchrun itself
+does (restarts, stopping the other ranks, its summary of a failure) run under torchrun.
+"""
 
 import os
 import signal
@@ -30,6 +35,7 @@ from conftest import (
     start,
     start_training,
     summary,
+    torchrun,
     training_command,
 )
 from project import epoch_of, evaluated_samples, final_split, final_test, resumed_message, updates_per_epoch
@@ -58,7 +64,10 @@ def runs(tmp_path_factory):
         # Stopped after epoch 2, then resumed on 2 ranks once a bit of its newest checkpoint flipped on disk.
         "damaged": start_training(root / "damaged", *EPOCHS, "--stop-after-epoch", "2", ranks=2),
         "early": start_training(root / "early", "--epochs", "6", *ZERO_LR, "--early-stop-patience", "1", ranks=2),
-        "nan": start_training(root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", ranks=2),
+        # Under torchrun, whose summary of the failure the test reads.
+        "nan": start_training(
+            root / "nan", "--epochs", "2", "--lr", "1e30", "--max-grad-norm", "0", launcher=torchrun(2)
+        ),
     }
     # "two_then_one" ends first, and is resumed on 1 rank while the others go on.
     results = {"two_then_one": finish(started.pop("two_then_one"))}
@@ -211,16 +220,8 @@ def test_a_killed_worker_restarts_and_ends_like_an_uninterrupted_run(runs, tmp_p
     # torchrun restarts both ranks, which resume from the checkpoint written after update 40.
     root, _ = runs
     sources = fault_in_rank_1(tmp_path, 1300, "os.kill(os.getpid(), signal.SIGKILL)")
-    torchrun = (
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts",
-        "1",
-    )
-    result = run_training(tmp_path / "run", *EPOCHS, "--checkpoint-every", "5", sources=sources, launcher=torchrun)
+    restarting = (*torchrun(2), "--max-restarts", "1")
+    result = run_training(tmp_path / "run", *EPOCHS, "--checkpoint-every", "5", sources=sources, launcher=restarting)
     assert resumed_message(40) in result.stdout
     assert_same_weights(final_weights(root / "two"), final_weights(tmp_path / "run"))
     assert metrics(root / "two") == metrics(tmp_path / "run")
@@ -231,7 +232,7 @@ def test_a_hung_rank_makes_the_others_fail_within_the_timeout(tmp_path):
     # SIGTERM, and gives one that outlives it (the loop's handler only notes it) 30 s before SIGKILL.
     sources = fault_in_rank_1(tmp_path, 300, "signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(600)")
     result = run_training(
-        tmp_path / "run", *EPOCHS, "--dist-timeout-s", "5", ranks=2, sources=sources, expect_success=False
+        tmp_path / "run", *EPOCHS, "--dist-timeout-s", "5", sources=sources, launcher=torchrun(2), expect_success=False
     )
     assert result.returncode != 0
     assert "a collective timed out" in result.stdout
@@ -240,8 +241,8 @@ def test_a_hung_rank_makes_the_others_fail_within_the_timeout(tmp_path):
 def test_two_nodes_train_like_one_node(runs, tmp_path):
     # Two torchrun agents, one rank each, meet through the c10d rendezvous as two machines would.
     rendezvous = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=test")
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rendezvous)
-    command = training_command(tmp_path / "run", *EPOCHS, launcher=torchrun)
+    agent = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", *rendezvous)
+    command = training_command(tmp_path / "run", *EPOCHS, launcher=agent)
     nodes = [start(command, tmp_path / f"node{index}.log") for index in range(2)]
     for node in nodes:
         finish(node)

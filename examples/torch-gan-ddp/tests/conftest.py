@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import forked_runs  # tests/forked_runs.py: one-process runs start without importing torch again
+import forked_runs  # tests/forked_runs.py: runs start without importing torch again
 import pytest
 import torch
 from project import flags_for_tests, split_sizes
@@ -31,7 +31,7 @@ if mismatches := message(PROJECT_ROOT / "src" / "gan_ddp"):
 from gan_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (your files are checked)
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
-# One-process runs fork from a process that imported these once (tests/forked_runs.py): seconds saved per run.
+# Every run's processes fork from one that imported these once (tests/forked_runs.py): seconds saved each.
 PRELOAD = ("torch", "torch.distributed.checkpoint.state_dict")
 
 # Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
@@ -48,14 +48,21 @@ def data_prepared():
 
 @dataclass
 class Training:
-    """A command started in the background, writing its output to `log`; `finish` waits for it."""
+    """A run started in the background, in one process or one per rank, writing its output to `log`;
+    `finish` waits for it."""
 
-    process: subprocess.Popen | forked_runs.ForkedRun
+    processes: list[subprocess.Popen | forked_runs.ForkedRun]
     log: Path
     started: float
 
+    def signal_all(self, signal_number: int) -> None:
+        """Send a signal to each process and all it started (its process group), as a terminal's Ctrl-C reaches them."""
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):  # a process that has ended
+                os.killpg(process.pid, signal_number)
 
-STARTED: list[Training] = []  # every command `start` started
+
+STARTED: list[Training] = []  # every run `start` started
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,60 +70,76 @@ def stop_runs_left_running():
     """A test that fails while runs it started are still going leaves them behind: stop them."""
     yield
     for training in STARTED:
-        if training.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
-                os.killpg(training.process.pid, signal.SIGKILL)  # the whole group: torchrun and every rank
+        training.signal_all(signal.SIGKILL)  # the whole groups: each rank, or torchrun and every rank
     STARTED.clear()
 
 
-def training_command(run_dir: Path, *flags: str, ranks: int = 1, launcher: tuple[str, ...] = ()) -> list[str]:
-    """The command that trains into `run_dir`: plain python for one rank, torchrun for several.
+def torchrun(ranks: int) -> tuple[str, ...]:
+    """torchrun on this machine: the tests of what torchrun itself does (restarts, stopping the other ranks)
+    run under it; the other runs of several ranks start the ranks themselves (`rank_variables`)."""
+    # --standalone picks a free rendezvous port, so parallel test runs never clash.
+    return (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}")
+
+
+def training_command(run_dir: Path, *flags: str, launcher: tuple[str, ...] = ()) -> list[str]:
+    """The command that trains into `run_dir`: plain python, or under `launcher` (torchrun, say).
     settings.py's TEST_DEFAULTS come first: the test's own flags win over them."""
     module = ["-m", "gan_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress"]
-    module += [*flags_for_tests(), *flags]
-    if launcher:
-        return [*launcher, *module]
+    return [*(launcher or [sys.executable]), *module, *flags_for_tests(), *flags]
+
+
+def rank_variables(ranks: int) -> list[dict[str, str]]:
+    """The environment variables torchrun gives each of `ranks` processes on one machine (none for one
+    process): where rank 0 hosts the rendezvous, each rank's number, and how many there are."""
     if ranks == 1:
-        return [sys.executable, *module]
-    # --standalone picks a free rendezvous port, so parallel test runs never clash.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *module]
+        return [{}]
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
+    world["LOCAL_WORLD_SIZE"] = str(ranks)
+    return [{**world, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(ranks)]
 
 
-def start(command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", **environment: str) -> Training:
-    """Start a command in its own process group, with `sources` (src/ or an edited copy) importable."""
+def start(
+    command: list[str], log: Path, sources: Path = PROJECT_ROOT / "src", ranks: int = 1, **environment: str
+) -> Training:
+    """Start a command in its own process group (`ranks` of them, each a rank), with `sources` (src/ or an
+    edited copy) importable."""
     environment = {**os.environ, "PYTHONPATH": str(sources), "OMP_NUM_THREADS": "1", **environment}
     # Output goes to a file, not a pipe: runs started together never block on a full pipe.
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")  # a new log, which either kind of start appends to
-    process: subprocess.Popen | forked_runs.ForkedRun
-    # One process, or torchrun's agent (whose ranks are new processes): forked, with PRELOAD imported.
+    processes: list[subprocess.Popen | forked_runs.ForkedRun] = []
+    # The project's train, or torchrun's agent (whose ranks are new processes): forked, with PRELOAD imported.
     if command[:2] == [sys.executable, "-m"] and command[2] in ("gan_ddp.train", "torch.distributed.run"):
-        process = forked_runs.start(command, log, environment, PRELOAD)
+        for variables in rank_variables(ranks):
+            processes.append(forked_runs.start(command, log, {**environment, **variables}, PRELOAD))
     else:
         with log.open("a") as output:
-            process = subprocess.Popen(
-                command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
+            processes.append(
+                subprocess.Popen(
+                    command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment, start_new_session=True
+                )
             )
-    STARTED.append(Training(process, log, time.monotonic()))
+    STARTED.append(Training(processes, log, time.monotonic()))
     return STARTED[-1]
 
 
 def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
-    """Wait for a started command; kill its whole process group if it outlives RUN_TIMEOUT_S."""
-    process = training.process
-    timed_out = False
+    """Wait for a started run; kill it, and all it started, if it outlives RUN_TIMEOUT_S. Its exit code is
+    that of its first process that failed."""
+    deadline = training.started + RUN_TIMEOUT_S
     try:
-        process.wait(timeout=max(1.0, training.started + RUN_TIMEOUT_S - time.monotonic()))
+        for process in training.processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the whole group: torchrun and every rank
-        process.wait()
-        timed_out = True
+        training.signal_all(signal.SIGKILL)  # the whole groups: each rank, or torchrun and every rank
+        for process in training.processes:
+            process.wait()
+        pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()
-    if timed_out:
-        pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{output}")
-    if expect_success and process.returncode != 0:
-        pytest.fail(f"training failed with exit code {process.returncode}:\n{output}")
-    return subprocess.CompletedProcess(process.args, process.returncode, output)
+    code = next((process.returncode for process in training.processes if process.returncode), 0)
+    if expect_success and code != 0:
+        pytest.fail(f"training failed with exit code {code}:\n{output}")
+    return subprocess.CompletedProcess(training.processes[0].args, code, output)
 
 
 def start_training(
@@ -126,12 +149,13 @@ def start_training(
     sources: Path = PROJECT_ROOT / "src",
     launcher: tuple[str, ...] = (),
 ) -> Training:
-    """Start training in a fresh process (or `ranks` processes under torchrun) writing to `run_dir`.
+    """Start training writing to `run_dir`: in a fresh process, or `ranks` of them given what torchrun gives its
+    ranks, or under `launcher` (`torchrun(ranks)`, say).
 
     `sources` can point at an edited copy of src/ (see `edited_sources`); the output goes to `run_dir`.log.
     """
-    command = training_command(run_dir, *flags, ranks=ranks, launcher=launcher)
-    return start(command, run_dir.with_name(f"{run_dir.name}.log"), sources)
+    command = training_command(run_dir, *flags, launcher=launcher)
+    return start(command, run_dir.with_name(f"{run_dir.name}.log"), sources, ranks=1 if launcher else ranks)
 
 
 def run_training(

@@ -1,7 +1,6 @@
 """A resumed run ends exactly like an uninterrupted one: from an epoch end, from part-way through an
 epoch (with random augmentation, dropout and DataLoader workers) and after a SIGTERM or a Ctrl-C."""
 
-import os
 import signal
 import time
 
@@ -75,7 +74,7 @@ def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one
     deadline = time.monotonic() + 120
     while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(training.process.pid, signal.SIGINT if name == "Ctrl-C" else signal.SIGTERM)
+    training.signal_all(signal.SIGINT if name == "Ctrl-C" else signal.SIGTERM)
     result = finish(training, expect_success=False)
     assert result.returncode == code, result.stdout
     assert result.stdout.count(f"{name}: stopping at the next --log-every boundary, with a checkpoint") == 1
@@ -102,9 +101,9 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path):
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / "updating").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(training.process.pid, signal.SIGINT)
+    training.signal_all(signal.SIGINT)
     time.sleep(1.5)
-    os.killpg(training.process.pid, signal.SIGINT)
+    training.signal_all(signal.SIGINT)
     result = finish(training, expect_success=False)
     assert result.returncode == 130, result.stdout
     assert "Ctrl-C again to stop at once" in result.stdout and "Traceback" not in result.stdout

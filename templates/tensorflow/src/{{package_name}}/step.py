@@ -3,9 +3,11 @@
 This file is yours: `copier update` keeps your edits here.
 
 The loop calls `train_step` once per micro-batch and `eval_step` once per evaluation batch,
-on every replica, inside its tf.function. Return values to average (`Mean`) and the loop does
-the rest: it averages them over the whole global batch (every replica and accumulation
-micro-step), computes the gradients, sums them over the replicas, clips and applies them.
+on every replica, inside its tf.function, traced once as the Python it is (AutoGraph does not
+rewrite it): decide on a tensor's value with tf.where or tf.cond, not `if`. Return values to
+average (`Mean`) and the loop does the rest: it averages them over the whole global batch (every
+replica and accumulation micro-step), computes the gradients, sums them over the replicas, clips
+and applies them.
 docs/todos.md shows other shapes: a language model with token-weighted loss, dict batches, a GAN
 (several optimizers), distillation and a contrastive loss.
 """

@@ -57,6 +57,8 @@ class Evaluator:
             split: tf.function(self._step, input_signature=[dataset.element_spec]) for split, dataset in splits.items()
         }
 
+    # Traced as plain Python, as train.py's update is (step.py's eval_step too): AutoGraph cost ~0.5 s a start.
+    @tf.autograph.experimental.do_not_convert
     def _step(self, element: Any) -> StepResults:
         """Evaluate one batch on each replica: each Mean's summed [total, weight], each Gather's (indices, rows),
         and the samples counted."""

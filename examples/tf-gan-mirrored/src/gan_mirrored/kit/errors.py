@@ -93,6 +93,11 @@ def user_code_error(error: Exception, doing: str) -> Exception:
         return error
     if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
         return type(error)(f"{mine[-1]}: {error}")
+    if type(error).__name__ == "OperatorNotAllowedInGraphError":  # `if tensor:`, `for x in tensor:`
+        return StepError(
+            f"{mine[-1]} failed {doing}: a tensor used as a Python bool or iterated over; the step is traced "
+            "once as plain Python, so decide on a tensor with tf.where or tf.cond, and loop over a Python range"
+        )
     return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")
 
 
