@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -144,15 +145,30 @@ def run_forked(
         return subprocess.CompletedProcess(command, code, log.read_text())
 
 
+def free_port() -> int:
+    """A port nothing uses now, drawn at random below the range the system hands out itself (for a port
+    bound to 0, another run's connection may take it before rank 0 listens there), as the generated
+    torch projects' tests draw it."""
+    try:
+        lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest = 32768
+    while True:
+        port = random.SystemRandom().randrange(10000, max(lowest, 10001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 def rank_variables(ranks: int) -> list[dict[str, str]]:
     """The variables torchrun gives each of `ranks` processes on one machine (none for one process), as
     the generated torch projects' tests start their ranks (templates/torch/tests/conftest.py.jinja)."""
     if ranks == 1:
         return [{}]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
     world["LOCAL_WORLD_SIZE"] = str(ranks)
     return [{**world, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(ranks)]
 

@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -171,9 +172,24 @@ def run_training(
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port that nothing uses right now, drawn at random below the range the system hands out itself.
+
+    A port the system picked (bind to port 0) goes back to its pool once the probe closes, and a
+    connection another run opens meanwhile may take it before rank 0 listens there; ports below that
+    range are never handed out, and drawing them at random keeps runs started together apart.
+    """
+    try:
+        lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest = 32768
+    while True:
+        port = random.SystemRandom().randrange(10000, max(lowest, 10001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def edited_sources(tmp_path: Path, file: str, old: str, new: str, sources: Path = PROJECT_ROOT / "src") -> Path:
