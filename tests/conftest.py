@@ -29,8 +29,8 @@ from looptpl.variants import VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO_ROOT / "templates" / "shared" / "tests"))
-# What one-process training runs fork from (see `run`), as the generated projects' tests preload it.
-TORCH = ("torch", "torch.distributed.checkpoint.state_dict")
+# What training runs fork from (see `run`), as the generated projects' tests preload it (torch._dynamo: see there).
+TORCH = ("torch", "torch.distributed.checkpoint.state_dict", "torch._dynamo")
 TENSORFLOW = ("tensorflow",)
 
 

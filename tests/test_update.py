@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, answers, in_parallel, looptpl, run
+from conftest import REPO_ROOT, TENSORFLOW, TORCH, answers, in_parallel, looptpl, run
 
 import looptpl as looptpl_package
 from looptpl import store, template_source
@@ -237,7 +237,7 @@ def test_looptpl_new_then_update_keeps_every_user_edit_and_still_trains(tmp_path
 
     env = {"PYTHONPATH": str(project / "src")}
     train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
-    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env, preload=TORCH)
     assert trained.returncode == 0, trained.stdout[-5000:]
     # The updated project's own tests run (a few: the whole suite of this template version runs in
     # tests/test_generated_projects.py), user edits and merged test files included.
@@ -651,7 +651,7 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     assert model.read_text() == mine  # yours, untouched
     train = [sys.executable, "-m", "proj.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
     environment = {**os.environ, "PYTHONPATH": str(project / "src")}
-    before = run([*train, "--run-dir", str(tmp_path / "before")], cwd=project, timeout=300, env=environment)
+    before = run([*train, "--run-dir", str(tmp_path / "before")], cwd=project, env=environment, preload=TORCH)
     assert before.returncode == 1 and "error: model.py: defines no shard_units(model)" in before.stdout
     assert "Traceback" not in before.stdout
 
@@ -661,7 +661,7 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     assert "+def shard_units(model: nn.Module)" in diff
     git(project, "apply", "-p0", str(tmp_path / "model.diff"))
     assert looptpl("check", str(project)).exit_code == 0  # what the fsdp loop calls is there now
-    after = run([*train, "--run-dir", str(tmp_path / "after")], cwd=project, timeout=300, env=environment)
+    after = run([*train, "--run-dir", str(tmp_path / "after")], cwd=project, env=environment, preload=TORCH)
     assert after.returncode == 0, after.stdout
 
 
@@ -731,7 +731,7 @@ def test_rename_keeps_every_edit_and_later_updates_follow_the_new_name(tmp_path,
     assert not (project / "src" / "proj").exists()  # no stray package under the old name
     train = [sys.executable, "-m", "vision.train", "--device", "cpu", "--no-progress", "--epochs", "1"]
     environment = {**os.environ, "PYTHONPATH": str(project / "src")}
-    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=300, env=environment)
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, env=environment, preload=TORCH)
     assert trained.returncode == 0, trained.stdout[-3000:]
 
 
@@ -851,7 +851,7 @@ def test_a_project_made_before_the_kit_layout_updates_to_it_and_trains(tmp_path,
     assert not (package / "kit" / "sharded.py").exists()  # FSDP's checkpoints: fsdp projects only
     env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
     train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--device", "cpu", "--no-progress"]
-    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env)
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, timeout=600, env=env, preload=TORCH)
     assert trained.returncode == 0 and "test_loss" in trained.stdout, trained.stdout[-5000:]
 
 
@@ -879,7 +879,8 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     train = [sys.executable, "-m", "proj.train", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path / "run")]
     # A run of the old template, with its checkpoint, to resume after the update.
     old = [*train[:-1], str(tmp_path / "old"), "--epochs", "2", "--stop-after-epoch", "1"]
-    assert run(old, cwd=project, timeout=300, env=env).returncode == 0
+    preload = TORCH if backend == "torch" else TENSORFLOW  # the runs start forked, as the projects' tests start theirs
+    assert run(old, cwd=project, timeout=300, env=env, preload=preload).returncode == 0
 
     install(V2, repository)
     result = looptpl("update", str(project))
@@ -898,7 +899,7 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     git(project, "add", "-A")
     git(project, "commit", "-qm", "Update")
     # Training, the project's tests and `looptpl check` say the same, one line each, before anything runs.
-    trained = run(train, cwd=project, timeout=300, env=env)
+    trained = run(train, cwd=project, timeout=300, env=env, preload=preload)
     assert trained.returncode == 1 and "Traceback" not in trained.stdout
     assert all(f"error: {need}" in trained.stdout for need in needs), trained.stdout
     if backend == "torch":  # (the TensorFlow conftest runs the same check, in the same words)
@@ -920,7 +921,7 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     # The project trains again, and its own tests start (the contract check in conftest passes; the whole
     # suite of today's template runs in test_all_variants_pass_their_own_tests.py).
     trained, own = in_parallel(
-        lambda: run(train, cwd=project, timeout=300, env=env),
+        lambda: run(train, cwd=project, timeout=300, env=env, preload=preload),
         lambda: run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_no_conflict_markers.py"],
             cwd=project,
@@ -931,7 +932,7 @@ def test_an_update_across_a_contract_change_names_what_your_files_now_need(tmp_p
     assert own.returncode == 0 and "2 passed" in own.stdout, own.stdout[-3000:]
     # The old run's checkpoint is of the old format: refused in one line that blames neither your files nor
     # the disk, and left where it is.
-    resumed = run([*old[:-4], "--epochs", "2", "--resume"], cwd=project, timeout=300, env=env)
+    resumed = run([*old[:-4], "--epochs", "2", "--resume"], cwd=project, timeout=300, env=env, preload=preload)
     assert resumed.returncode != 0 and "Traceback" not in resumed.stdout, resumed.stdout
     newest = "epoch-0001.pt" if backend == "torch" else "epoch-1"
     assert f"{newest} was written by an older version of the template (it holds no " in resumed.stdout

@@ -33,7 +33,8 @@ from gan_ddp.kit.checkpoint import checkpoints_in, load_whole  # noqa: E402 (you
 
 RUN_TIMEOUT_S = 300  # a hung collective fails the test instead of blocking CI
 # Every run's processes fork from one that imported these once (tests/forked_runs.py): seconds saved each.
-PRELOAD = ("torch", "torch.distributed.checkpoint.state_dict")
+# torch._dynamo is what a torch optimizer imports when it is built: 1.4 CPU-s of a small run's 2.
+PRELOAD = ("torch", "torch.distributed.checkpoint.state_dict", "torch._dynamo")
 
 # Whatever settings.py's DEFAULTS say (a --min-lr floor, say), these runs have a zero learning rate (no
 # update moves the weights), or a constant one (which does not depend on the run's length).
