@@ -48,11 +48,9 @@ def train_digits(run_dir: Path, ranks: int) -> dict:
     """Two epochs of the digits example on the CPU; returns its summary.json."""
     module = ["-m", "digits_ddp.train", "--run-dir", str(run_dir), "--device", "cpu", "--no-progress"]
     flags = ["--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last"]
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     environment = {"PYTHONPATH": str(DIGITS / "src"), "OMP_NUM_THREADS": "1"}
-    result = run([*launcher, *module, *flags], cwd=DIGITS, timeout=300, env=environment, preload=TORCH)
+    command = [sys.executable, *module, *flags]
+    result = run(command, cwd=DIGITS, timeout=300, env=environment, preload=TORCH, ranks=ranks)
     assert result.returncode == 0, result.stdout[-5000:]
     return json.loads((run_dir / "summary.json").read_text())
 
