@@ -137,8 +137,9 @@ def run_forked(
                 process.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for process in processes:
-                with contextlib.suppress(ProcessLookupError):  # one that has ended
-                    os.killpg(process.pid, signal.SIGKILL)
+                if process.poll() is None:  # an ended one's number may belong to another process by now
+                    with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
+                        os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
             pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{log.read_text()[-5000:]}")
         code = next((process.returncode for process in processes if process.returncode), 0)

@@ -88,8 +88,9 @@ def finish(training: Training, expect_success: bool = True) -> subprocess.Comple
             process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         for process in training.processes:
-            with contextlib.suppress(ProcessLookupError):  # one that ended already
-                os.killpg(process.pid, signal.SIGKILL)  # the whole group: the run and every process it started
+            if process.poll() is None:  # an ended one's number may belong to another process by now
+                with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
+                    os.killpg(process.pid, signal.SIGKILL)  # the whole group: the run and all it started
             process.wait()
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()

@@ -58,10 +58,12 @@ class Training:
     started: float
 
     def signal_all(self, signal_number: int) -> None:
-        """Send a signal to each process and all it started (its process group), as a terminal's Ctrl-C reaches them."""
+        """Send a signal to each process still running and all it started (its process group), as a terminal's
+        Ctrl-C reaches them. (An ended one's number may belong to another process by now.)"""
         for process in self.processes:
-            with contextlib.suppress(ProcessLookupError):  # a process that has ended
-                os.killpg(process.pid, signal_number)
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
+                    os.killpg(process.pid, signal_number)
 
 
 STARTED: list[Training] = []  # every run `start` started
