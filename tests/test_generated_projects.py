@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT, in_parallel, looptpl, package_of, run, trained_weights, user_files
 
+from looptpl import compiled
 from looptpl.variants import VARIANTS
 
 TORCH_STRATEGIES = [variant.strategy for variant in VARIANTS if variant.backend == "torch"]
@@ -320,6 +322,21 @@ def test_rendering_is_deterministic(tmp_path):
             # Copier records a throwaway commit (with a timestamp) for uncommitted template edits.
             first_bytes, second_bytes = (re.sub(rb"_commit: .*", b"", text) for text in (first_bytes, second_bytes))
         assert first_bytes == second_bytes, path
+
+
+def test_jinja_code_is_reused_only_for_the_same_source_and_settings():
+    # Renders reuse the code Jinja compiled for a template file (looptpl/compiled.py): never across
+    # environments whose settings make other code of the same source.
+    compiled.copier()
+    cache = jinja2.Environment.compile.cache  # type: ignore[attr-defined]
+    source = "[[ name ]] {{ name }}"
+    entries = len(cache)
+    assert jinja2.Environment().from_string(source).render(name="x") == "[[ name ]] x"
+    square = jinja2.Environment(variable_start_string="[[", variable_end_string="]]")
+    assert square.from_string(source).render(name="x") == "x {{ name }}"
+    assert len(cache) == entries + 2
+    assert jinja2.Environment().from_string(source).render(name="y") == "[[ name ]] y"  # a new environment alike
+    assert len(cache) == entries + 2
 
 
 def test_plain_copier_copy_from_a_git_checkout(tmp_path):

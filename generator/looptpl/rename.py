@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from looptpl import compiled
 from looptpl.answers import ANSWERS, check_package, read_answers
 from looptpl.errors import LooptplError
 from looptpl.gitcmd import git
@@ -80,7 +81,7 @@ def rename_package(project: Path, new: str) -> Renamed:
 
 def _render_both(template: Path, ref: str, answers: dict[str, object], new: str, scratch: Path) -> tuple[Path, Path]:
     """The project's template version rendered with the recorded answers, and with the new package name."""
-    import copier  # slow to import; only updates and renames need it
+    copier = compiled.copier()
 
     data = {key: value for key, value in answers.items() if not key.startswith("_")}
     with copier_failures("rendered"):

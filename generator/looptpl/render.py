@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looptpl import signals
+from looptpl import compiled, signals
 from looptpl.errors import LooptplError
 from looptpl.examples import Example, apply_example
 from looptpl.gitcmd import git, identity_if_missing
@@ -144,7 +144,7 @@ def _claim(destination: Path, staging: Path) -> None:
 
 
 def _copier_copy(destination: Path, answers: Mapping[str, Any], scratch: Path) -> None:
-    import copier  # imported here: it is slow to import and `looptpl --help` does not need it
+    copier = compiled.copier()
     from copier.errors import CopierError
 
     # Installed: the template's tag in the per-user store; in a checkout: its working tree.

@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from looptpl import changelog, contract, signals
+from looptpl import changelog, compiled, contract, signals
 from looptpl.answers import ANSWERS, check_package, generation_commit, read_answers
 from looptpl.conflict import Conflict
 from looptpl.errors import LooptplError
@@ -217,7 +217,7 @@ def _strategy_change(answers: dict[str, Any], strategy: str | None) -> dict[str,
 def _render(plan: Plan, answers: dict[str, Any], changes: dict[str, str], scratch: Path) -> tuple[Path, Path]:
     """The template at the project's version with its answers (what copier merges from), and at the new
     version with the new answers, rendered under `scratch`."""
-    import copier  # slow to import; only updates need it
+    copier = compiled.copier()
 
     data = {key: value for key, value in answers.items() if not key.startswith("_")}
     sides = (scratch / "old", plan.current, data), (scratch / "new", plan.template.ref, {**data, **changes})
@@ -309,7 +309,7 @@ def check_repository(project: Path) -> Path:
 
 
 def _run_copier(project: Path, ref: str, conflict: Conflict, changes: dict[str, str]) -> None:
-    import copier  # slow to import; only updates need it
+    copier = compiled.copier()
     from plumbum import local  # copier runs git through plumbum, whose environment is set here
 
     # Copier commits in scratch repositories; give git an identity where none is configured.
