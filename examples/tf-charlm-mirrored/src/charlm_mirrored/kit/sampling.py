@@ -26,8 +26,12 @@ empty batch, which some layers (Conv2D on the CPU) cannot take.
 
 On one device the batches stay a plain tf.data dataset: strategy.run takes them as they are, and
 a distributed dataset's iterator costs about three times as much per batch (on the CPU).
+
+The functions of this module that tf.data traces for every run (do_not_convert) are traced as the
+plain Python they are: AutoGraph's rewrite, which they do not need, cost each run tenths of a second.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -160,7 +164,7 @@ def distribute_eval(
     def global_batches(replicas: int) -> tf.data.Dataset:
         indices = tf.data.Dataset.counter().batch(batch_size * replicas)
         numbered = tf.data.Dataset.zip(indices, batches(dataset, batch_size * replicas, split, make_batches))
-        return numbered.map(lambda indices, batch: _numbered_for_every_replica(indices, batch, replicas))
+        return numbered.map(functools.partial(_numbered_for_every_replica, replicas=replicas))
 
     return _distribute(strategy, global_batches)
 
@@ -241,6 +245,7 @@ def _replica_parts(
     mine = replicas // context.num_input_pipelines
     first = context.input_pipeline_id * mine
 
+    @tf.autograph.experimental.do_not_convert  # see the module's docstring
     def replica_parts(*items: object) -> tf.data.Dataset:
         # tf.data passes a tuple's items as arguments.
         position, batch = items if with_position else (None, items[0] if len(items) == 1 else items)
@@ -252,6 +257,7 @@ def _replica_parts(
     return global_batches.flat_map(replica_parts)
 
 
+@tf.autograph.experimental.do_not_convert  # see the module's docstring
 def _numbered_for_every_replica(indices: tf.Tensor, batch: object, replicas: int) -> tuple[tf.Tensor, object]:
     """A batch with its samples' indices; one with fewer rows than replicas is topped up with repeats of
     its rows, whose index is -1."""
