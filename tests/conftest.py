@@ -1,15 +1,12 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
-import contextlib
 import importlib
 import json
 import math
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -131,37 +128,10 @@ def run_forked(
         processes = [
             forked_runs.start(command, log, {**env, **variables}, preload, cwd) for variables in rank_variables(ranks)
         ]
-        deadline = time.monotonic() + timeout
-        try:
-            for process in processes:
-                process.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for process in processes:
-                if process.poll() is None:  # an ended one's number may belong to another process by now
-                    with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
-                        os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        code = forked_runs.wait_all(processes, time.monotonic() + timeout)
+        if code is None:
             pytest.fail(f"{' '.join(command)} did not finish within {timeout}s:\n{log.read_text()[-5000:]}")
-        code = next((process.returncode for process in processes if process.returncode), 0)
         return subprocess.CompletedProcess(command, code, log.read_text())
-
-
-def free_port() -> int:
-    """A port nothing uses now, drawn at random below the range the system hands out itself (for a port
-    bound to 0, another run's connection may take it before rank 0 listens there), as the generated
-    torch projects' tests draw it."""
-    try:
-        lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        lowest = 32768
-    while True:
-        port = random.SystemRandom().randrange(10000, max(lowest, 10001))
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 def rank_variables(ranks: int) -> list[dict[str, str]]:
@@ -169,7 +139,7 @@ def rank_variables(ranks: int) -> list[dict[str, str]]:
     the generated torch projects' tests start their ranks (templates/torch/tests/conftest.py.jinja)."""
     if ranks == 1:
         return [{}]
-    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(forked_runs.free_port()), "WORLD_SIZE": str(ranks)}
     world["LOCAL_WORLD_SIZE"] = str(ranks)
     return [{**world, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(ranks)]
 

@@ -19,13 +19,19 @@ each rank as a new process. A command that is not `python -m MODULE ...` (a laun
 as a real subprocess by the caller.
 """
 
+import contextlib
 import json
 import os
+import random
 import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +119,52 @@ def start(
             SERVERS[preload] = Server(preload, environment)
         server = SERVERS[preload]
     return server.start(command, log, environment, cwd or Path.cwd())
+
+
+def wait_all(processes: Sequence["ForkedRun | subprocess.Popen"], deadline: float) -> int | None:
+    """Wait for a run's processes (its ranks or workers) until `deadline`, a time.monotonic() value.
+    Returns the exit code of the first that failed (0 if none did); or None if one outlived the deadline,
+    once every process group still running is killed."""
+    try:
+        for process in processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        signal_groups(processes, signal.SIGKILL)
+        for process in processes:
+            process.wait()
+        return None
+    return next((process.returncode for process in processes if process.returncode), 0)
+
+
+def signal_groups(processes: Sequence["ForkedRun | subprocess.Popen"], signal_number: int) -> None:
+    """Send a signal to each process still running and to all it started (its process group), as a
+    terminal's Ctrl-C reaches them. (An ended one's number may belong to another process by now.)"""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
+                os.killpg(process.pid, signal_number)
+
+
+def free_port() -> int:
+    """A port that nothing uses right now, drawn at random below the range the system hands out itself,
+    for a run's rank 0 to listen on.
+
+    A port the system picked (bind to port 0) goes back to its pool once the probe closes, and a
+    connection another run opens meanwhile may take it before rank 0 listens there; ports below that
+    range are never handed out, and drawing them at random keeps runs started together apart.
+    """
+    try:
+        lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest = 32768
+    while True:
+        port = random.SystemRandom().randrange(10000, max(lowest, 10001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def serve() -> dict[str, Any]:

@@ -1,10 +1,8 @@
 """Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -82,23 +80,14 @@ def start_training(run_dir: Path, *flags: str, replicas: int = 1, sources: Path 
 def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
     """Wait for a run; kill it, and everything it started, if it outlives RUN_TIMEOUT_S. Its exit code is
     that of its first process that failed, as launch.py reports a failed worker's."""
-    deadline = training.started + RUN_TIMEOUT_S
-    try:
-        for process in training.processes:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for process in training.processes:
-            if process.poll() is None:  # an ended one's number may belong to another process by now
-                with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
-                    os.killpg(process.pid, signal.SIGKILL)  # the whole group: the run and all it started
-            process.wait()
+    # Past the deadline, every process still running is killed, with all it started.
+    code = forked_runs.wait_all(training.processes, training.started + RUN_TIMEOUT_S)
+    if code is None:
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()
-    code = next((process.returncode for process in training.processes if process.returncode), 0)
-    result = subprocess.CompletedProcess(training.processes[0].args, code, output)
-    if expect_success and result.returncode != 0:
-        pytest.fail(f"training failed with exit code {result.returncode}:\n{output}")
-    return result
+    if expect_success and code != 0:
+        pytest.fail(f"training failed with exit code {code}:\n{output}")
+    return subprocess.CompletedProcess(training.processes[0].args, code, output)
 
 
 def run_training(

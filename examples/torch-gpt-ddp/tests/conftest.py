@@ -1,12 +1,9 @@
 """Helpers that launch real training runs in subprocesses, each bounded by a timeout."""
 
-import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -58,12 +55,8 @@ class Training:
     started: float
 
     def signal_all(self, signal_number: int) -> None:
-        """Send a signal to each process still running and all it started (its process group), as a terminal's
-        Ctrl-C reaches them. (An ended one's number may belong to another process by now.)"""
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):  # it may end between poll() and killpg()
-                    os.killpg(process.pid, signal_number)
+        """Send a signal to each process still running and all it started, as a terminal's Ctrl-C reaches them."""
+        forked_runs.signal_groups(self.processes, signal_number)
 
 
 STARTED: list[Training] = []  # every run `start` started
@@ -97,7 +90,7 @@ def rank_variables(ranks: int) -> list[dict[str, str]]:
     process): where rank 0 hosts the rendezvous, each rank's number, and how many there are."""
     if ranks == 1:
         return [{}]
-    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(forked_runs.free_port()), "WORLD_SIZE": str(ranks)}
     world["LOCAL_WORLD_SIZE"] = str(ranks)
     return [{**world, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(ranks)]
 
@@ -130,17 +123,11 @@ def start(
 def finish(training: Training, expect_success: bool = True) -> subprocess.CompletedProcess:
     """Wait for a started run; kill it, and all it started, if it outlives RUN_TIMEOUT_S. Its exit code is
     that of its first process that failed."""
-    deadline = training.started + RUN_TIMEOUT_S
-    try:
-        for process in training.processes:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        training.signal_all(signal.SIGKILL)  # the whole groups: each rank, or torchrun and every rank
-        for process in training.processes:
-            process.wait()
+    # Killed past the deadline: the whole groups, each rank, or torchrun and every rank.
+    code = forked_runs.wait_all(training.processes, training.started + RUN_TIMEOUT_S)
+    if code is None:
         pytest.fail(f"training did not finish within {RUN_TIMEOUT_S}s:\n{training.log.read_text()}")
     output = training.log.read_text()
-    code = next((process.returncode for process in training.processes if process.returncode), 0)
     if expect_success and code != 0:
         pytest.fail(f"training failed with exit code {code}:\n{output}")
     return subprocess.CompletedProcess(training.processes[0].args, code, output)
@@ -172,27 +159,6 @@ def run_training(
 ) -> subprocess.CompletedProcess:
     """Train to the end, as `start_training` starts it, and return the run's exit code and output."""
     return finish(start_training(run_dir, *flags, ranks=ranks, sources=sources, launcher=launcher), expect_success)
-
-
-def free_port() -> int:
-    """A port that nothing uses right now, drawn at random below the range the system hands out itself.
-
-    A port the system picked (bind to port 0) goes back to its pool once the probe closes, and a
-    connection another run opens meanwhile may take it before rank 0 listens there; ports below that
-    range are never handed out, and drawing them at random keeps runs started together apart.
-    """
-    try:
-        lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        lowest = 32768
-    while True:
-        port = random.SystemRandom().randrange(10000, max(lowest, 10001))
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 def edited_sources(tmp_path: Path, file: str, old: str, new: str, sources: Path = PROJECT_ROOT / "src") -> Path:

@@ -24,7 +24,6 @@ from conftest import (
     final_average,
     final_weights,
     finish,
-    free_port,
     hook_calls,
     metrics,
     run_training,
@@ -38,6 +37,7 @@ from conftest import (
     torchrun,
     training_command,
 )
+from forked_runs import free_port
 from project import epoch_of, evaluated_samples, final_split, final_test, resumed_message, updates_per_epoch
 
 from gpt_ddp.kit.checkpoint import checkpoints_in
