@@ -45,6 +45,13 @@ MISTAKES = {
     ),
     "two_datasets": ("data.py", SPLITS, "    return make_split(1007), make_split(251)"),
     "optimizer_typo": ("optim.py", "weight_decay=config.weight_decay,", "weight_decay=config.weight_decays,"),
+    # Evaluation batches (any but the global batch of 40 these runs train on) that lose a sample each.
+    "eval_batches_lose_samples": (
+        "data.py",
+        "    return dataset.batch(batch_size)",
+        "    batches = dataset.batch(batch_size)\n"
+        "    return batches.map(lambda x, y: (x[1:], y[1:])) if batch_size != 40 else batches",
+    ),
     "nan_test_data": (
         "data.py",
         SPLITS,
@@ -201,6 +208,7 @@ def test_an_averaged_loss_is_refused(mistakes):
     [
         ("integer_loss", r"the 'model' loss from train_step is int32, which has no gradient; return a floating "),
         ("two_datasets", r"data\.py: build_datasets must return \(train, val, test\) datasets, got a tuple of 2$"),
+        ("eval_batches_lose_samples", r"data\.py: make_batches gave 250 of the val set's 251 samples; keep every"),
         (
             "if_on_a_tensor",
             r"step\.py:\d+ failed in train_step: a tensor used as a Python bool or iterated over; the step is traced "

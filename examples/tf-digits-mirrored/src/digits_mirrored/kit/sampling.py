@@ -33,6 +33,7 @@ plain Python they are: AutoGraph's rewrite, which they do not need, cost each ru
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -145,13 +146,26 @@ class TrainSplit:
         return kept.enumerate(start=1).map(lambda index, batch: (tf.stack([number, index]), batch))
 
 
+@dataclass(frozen=True)
+class EvalSplit:
+    """A validation or test set in global batches, a part per replica, with the samples' indices."""
+
+    batches: Any  # a distributed dataset (on one device, a tf.data one)
+    # A split whose samples and batches are known in number repeats its passes: each evaluation takes
+    # one pass (`per_pass` global batches, `samples` samples) from one iterator, as making a distributed
+    # dataset's iterator costs a fifth of a second (its prefetched batches wait there between evaluations).
+    # None: read to its end, from a new iterator each time.
+    per_pass: int | None
+    samples: int | None
+
+
 def distribute_eval(
     strategy: tf.distribute.Strategy,
     dataset: tf.data.Dataset,
     split: str,
     config: TrainConfig,
     make_batches: MakeBatches,
-) -> Any:
+) -> EvalSplit:
     """A validation or test set (with --eval-batches, its subset), --eval-batch-size samples per replica and step,
     each sample once, with the samples' indices (-1 for a repeat)."""
     size = _size(dataset, split)
@@ -160,13 +174,18 @@ def distribute_eval(
     batch_size = config.eval_batch_size
     if config.eval_batches:
         dataset = evaluated_samples(dataset, size, config.eval_batches * batch_size)
+    batched = batches(dataset, batch_size * strategy.num_replicas_in_sync, split, make_batches)
+    samples, per_pass = int(dataset.cardinality()), int(batched.cardinality())
+    known = samples >= 0 and per_pass >= 0
 
     def global_batches(replicas: int) -> tf.data.Dataset:
         indices = tf.data.Dataset.counter().batch(batch_size * replicas)
-        numbered = tf.data.Dataset.zip(indices, batches(dataset, batch_size * replicas, split, make_batches))
-        return numbered.map(functools.partial(_numbered_for_every_replica, replicas=replicas))
+        numbered = tf.data.Dataset.zip(indices, batched).map(
+            functools.partial(_numbered_for_every_replica, replicas=replicas)
+        )
+        return numbered.repeat() if known else numbered
 
-    return _distribute(strategy, global_batches)
+    return EvalSplit(_distribute(strategy, global_batches), per_pass if known else None, samples if known else None)
 
 
 def evaluated_samples(dataset: tf.data.Dataset, size: int, samples: int) -> tf.data.Dataset:

@@ -6,9 +6,10 @@ A `Gather` collects per-sample rows from every replica, back in dataset order (e
 with its samples' indices), for metrics.py's `dataset_metrics`.
 """
 
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import keras
@@ -20,6 +21,7 @@ from .config import TrainConfig
 from .ema import WeightAverage
 from .errors import DataError, StepError, TrainingError, user_code_error
 from .logs import ProgressBar
+from .sampling import EvalSplit
 from .stages import Stage
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -36,7 +38,7 @@ class Evaluator:
         strategy: tf.distribute.Strategy,
         models: keras.Model | dict[str, keras.Model],
         config: TrainConfig,
-        splits: dict[str, Any],
+        splits: dict[str, EvalSplit],
         stages: list[Stage],
         user: tuple[Callable[..., Any], Callable[..., Any]],
         progress: ProgressBar,
@@ -48,13 +50,15 @@ class Evaluator:
         self.config = config
         self.eval_step, self.dataset_metrics = user  # step.py's and metrics.py's
         self.splits = splits  # "val" and "test": batches of (sample indices, batch), one for each replica
+        self.iterators: dict[str, Iterator[Any]] = {}  # of the splits that repeat their passes (sampling.py)
         # --ema-decay: the average of the weights that each stage's optimizer keeps, evaluated too.
         pairs = [(stage.optimizer, stage.variables) for stage in stages]
         self.ema = WeightAverage(pairs) if config.ema_decay else None
         self.units: dict[str, str] = {}  # the `per` of each Mean, learnt while tracing
         # Traced once per split, like the train step (train.py's TrainStep).
         self.steps = {
-            split: tf.function(self._step, input_signature=[dataset.element_spec]) for split, dataset in splits.items()
+            split: tf.function(self._step, input_signature=[eval_split.batches.element_spec])
+            for split, eval_split in splits.items()
         }
 
     # Traced as plain Python, as train.py's update is (step.py's eval_step too): AutoGraph cost ~0.5 s a start.
@@ -102,7 +106,7 @@ class Evaluator:
         sums: dict[str, np.ndarray] = {}
         parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         size = 0
-        for element in self.progress.counting("validating" if split == "val" else "testing", self.splits[split]):
+        for element in self.progress.counting("validating" if split == "val" else "testing", self._one_pass(split)):
             batch_sums, batch_gathered, samples = self.steps[split](element)
             size += int(samples)
             for name, value in batch_sums.items():
@@ -112,6 +116,11 @@ class Evaluator:
         means = {name: total / weight if weight else math.nan for name, (total, weight) in sums.items()}
         if size == 0:
             raise DataError(f"data.py: the {split} dataset is empty")
+        if size != (self.splits[split].samples or size):
+            raise DataError(
+                f"data.py: make_batches gave {size} of the {split} set's {self.splits[split].samples} samples; "
+                "keep every sample, once"
+            )
         gathered = {name: _in_dataset_order(name, pieces) for name, pieces in parts.items()}
         try:
             extra = self.dataset_metrics(means, gathered)
@@ -126,6 +135,15 @@ class Evaluator:
                 results[f"{split}_{per}s"] = int(sums[name][1])
         results[f"{split}_samples"] = size
         return results
+
+    def _one_pass(self, split: str) -> Iterable[Any]:
+        """The split's global batches, once each: the next pass of its iterator, or a new one to its end."""
+        eval_split = self.splits[split]
+        if eval_split.per_pass is None:
+            return eval_split.batches
+        if split not in self.iterators:
+            self.iterators[split] = iter(eval_split.batches)
+        return itertools.islice(self.iterators[split], eval_split.per_pass)
 
 
 def _gather(value: Any) -> Any:
