@@ -116,10 +116,10 @@ class Evaluator:
         means = {name: total / weight if weight else math.nan for name, (total, weight) in sums.items()}
         if size == 0:
             raise DataError(f"data.py: the {split} dataset is empty")
-        if size != (self.splits[split].samples or size):
+        expected = self.splits[split].samples  # known for a split that repeats its passes
+        if expected is not None and size != expected:
             raise DataError(
-                f"data.py: make_batches gave {size} of the {split} set's {self.splits[split].samples} samples; "
-                "keep every sample, once"
+                f"data.py: make_batches gave {size} of the {split} set's {expected} samples; keep every sample, once"
             )
         gathered = {name: _in_dataset_order(name, pieces) for name, pieces in parts.items()}
         try:
