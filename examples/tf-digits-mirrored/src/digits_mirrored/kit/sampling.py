@@ -174,12 +174,13 @@ def distribute_eval(
     batch_size = config.eval_batch_size
     if config.eval_batches:
         dataset = evaluated_samples(dataset, size, config.eval_batches * batch_size)
-    batched = batches(dataset, batch_size * strategy.num_replicas_in_sync, split, make_batches)
+    global_batch = batch_size * strategy.num_replicas_in_sync
+    batched = batches(dataset, global_batch, split, make_batches)
     samples, per_pass = int(dataset.cardinality()), int(batched.cardinality())
     known = samples >= 0 and per_pass >= 0
 
     def global_batches(replicas: int) -> tf.data.Dataset:
-        indices = tf.data.Dataset.counter().batch(batch_size * replicas)
+        indices = tf.data.Dataset.counter().batch(global_batch)  # numbered as `batched` is cut
         numbered = tf.data.Dataset.zip(indices, batched).map(
             functools.partial(_numbered_for_every_replica, replicas=replicas)
         )
