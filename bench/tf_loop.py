@@ -1,15 +1,19 @@
-"""Training throughput of a freshly rendered tensorflow/one-device project against two baselines.
+"""Training throughput of a freshly rendered tensorflow project against two baselines.
 
-Renders a project with `looptpl new` into a temporary folder, imports its package, and times
-three loops on the same model (the project's placeholder MLP), the same synthetic data (the
-project's task, with a larger train split) and the same global batch:
+Renders a project with `looptpl new` into a temporary folder (one-device; mirrored with
+--replicas N, over N logical CPU devices), imports its package, and times three loops on the
+same model (the project's placeholder MLP), the same synthetic data (the project's task, with a
+larger train split) and the same global batch:
 
   generated     the project's own `train.main()`, i.e. `Trainer.fit()` with the progress bar,
                 the metric logger, validation and checkpoints on; only `train_epoch` is timed
   hand-written  tf.data (shuffle, batch, prefetch), a @tf.function step with GradientTape,
-                AdamW with global_clipnorm, a running loss summed in Python
+                AdamW with global_clipnorm, a running loss summed in Python; with --replicas N,
+                TensorFlow's tutorial loop "Custom training with tf.distribute.Strategy": the
+                same under MirroredStrategy, `strategy.run` per batch, the loss averaged with
+                tf.nn.compute_average_loss, Keras summing the gradients over the replicas
   fit           model.compile + model.fit with the same AdamW and clipping, verbose=0,
-                no validation; a callback times each epoch
+                no validation; a callback times each epoch (under the strategy's scope)
 
 Every loop runs one untimed warmup epoch (which also traces the tf.functions) and then --epochs
 timed ones; the loops take turns within each of --rounds rounds (in a rotating order). The table
@@ -20,6 +24,7 @@ than model.fit.
 Run from the repository root (a few minutes on 2 shared CPU cores):
     .venv/bin/python bench/tf_loop.py
     .venv/bin/python bench/tf_loop.py --rounds 5 --epochs 2 --train-size 50000 --batch-size 64 --threads 1
+    .venv/bin/python bench/tf_loop.py --replicas 2 --skip-fit   # mirrored, against the tutorial's loop
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="Rounds; each runs every loop once.")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra- and inter-op threads.")
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="Replicas: 1 times a one-device project; N > 1 a mirrored one on N logical CPU devices "
+        "(--cpu-replicas N), against TensorFlow's tutorial loop under MirroredStrategy.",
+    )
+    parser.add_argument(
         "--progress",
         choices=["tty", "real", "off"],
         default="tty",
@@ -71,25 +83,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="Also time the generated loop with these extra flags, as the loop 'generated+' (e.g. '--jit-compile').",
     )
-    parser.add_argument("--skip-fit", action="store_true", help="Time only generated and hand-written.")
+    parser.add_argument("--skip-fit", action="store_true", help="Time only generated and its hand-written baseline.")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary project folder and print it.")
     args = parser.parse_args(argv)
-    for name in ("epochs", "train_size", "batch_size", "rounds", "threads"):
+    for name in ("epochs", "train_size", "batch_size", "rounds", "threads", "replicas"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 
-def render_project(root: Path) -> types.ModuleType:
-    """`looptpl new` a tensorflow/one-device project under `root` and import its package."""
+def render_project(root: Path, strategy: str) -> types.ModuleType:
+    """`looptpl new` a tensorflow project of `strategy` under `root` and import its package."""
     destination = root / "benchproj"
     looptpl = shutil.which("looptpl", path=str(Path(sys.executable).parent)) or "looptpl"
-    command = [looptpl, "new", str(destination), "--backend", "tensorflow", "--strategy", "one-device"]
+    command = [looptpl, "new", str(destination), "--backend", "tensorflow", "--strategy", strategy]
     subprocess.run([*command, "--defaults", "--no-git"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
     sys.path.insert(0, str(destination / "src"))
     package = importlib.import_module(package_dir.name)
-    for module in ("train", "data", "model"):
+    for module in ("train", "data", "model", "distributed"):
         setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
     package.config = importlib.import_module(f"{package_dir.name}.kit.config")
     return package
@@ -116,6 +128,10 @@ class Run:
         self.args, self.project, self.arrays, self.work = args, project, arrays, work
         self.total_epochs = args.warmup_epochs + args.epochs
         self.defaults = project.config.TrainConfig()  # lr, weight decay, clipping: the template's defaults
+        # One MirroredStrategy for every run of the process (the generated loop's too): collectives of
+        # several strategies in one process get in each other's way.
+        devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+        self.strategy = tf.distribute.MirroredStrategy(devices) if args.replicas > 1 else tf.distribute.get_strategy()
 
     def timed(self, clock: EpochClock) -> Timings:
         if len(clock.epochs) != self.total_epochs:
@@ -128,13 +144,15 @@ class Run:
         dataset = tf.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(targets), seed=0)
         return dataset.batch(self.args.batch_size).prefetch(tf.data.AUTOTUNE)
 
-    def model_and_optimizer(self) -> tuple[keras.Model, keras.optimizers.Optimizer]:
-        """The project's model with the seed its own run uses; AdamW as in its optim.py, Keras-clipped."""
+    def model_and_optimizer(self, strategy: tf.distribute.Strategy) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+        """The project's model with the seed its own run uses; AdamW as in its optim.py, Keras-clipped;
+        built in `strategy`'s scope."""
         config = self.defaults
         keras.utils.set_random_seed(config.seed)
-        model = self.project.model.build_model(config)
-        clip = config.max_grad_norm
-        optimizer = keras.optimizers.AdamW(config.lr, config.weight_decay, epsilon=1e-8, global_clipnorm=clip)
+        with strategy.scope():
+            model = self.project.model.build_model(config)
+            clip = config.max_grad_norm
+            optimizer = keras.optimizers.AdamW(config.lr, config.weight_decay, epsilon=1e-8, global_clipnorm=clip)
         return model, optimizer
 
 
@@ -155,11 +173,17 @@ def run_generated(run: Run, round_index: int, extra_flags: str = "") -> Timings:
 
     run_dir = run.work / f"runs/generated{'+' if extra_flags else ''}-{round_index}"
     argv = ["--run-dir", str(run_dir), "--epochs", str(run.total_epochs)]
+    if args.replicas > 1:
+        argv += ["--cpu-replicas", str(args.replicas)]
     argv += ["--global-batch-size", str(args.batch_size), *args.generated_flags.split(), *extra_flags.split()]
     if args.progress == "off":
         argv.append("--no-progress")
     with (
         patched(project.train, Trainer=TimedTrainer, build_datasets=datasets),
+        # main() set up the logical CPU devices (--replicas): the project's setup finds them in place, and
+        # its MirroredStrategy is the one every run of this process shares.
+        patched(tf.config, set_logical_device_configuration=lambda *_: None, set_visible_devices=lambda *_: None),
+        patched(tf.distribute, MirroredStrategy=lambda *_, **__: run.strategy),
         pretend_tty(sys.stderr, args.progress == "tty"),
     ):
         code = project.train.main(argv)
@@ -170,7 +194,7 @@ def run_generated(run: Run, round_index: int, extra_flags: str = "") -> Timings:
 
 def run_hand_written(run: Run, round_index: int) -> Timings:
     """What a competent user writes by hand: same model, data, batch, AdamW and clipping."""
-    model, optimizer = run.model_and_optimizer()
+    model, optimizer = run.model_and_optimizer(run.strategy)
 
     @tf.function
     def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
@@ -193,10 +217,45 @@ def run_hand_written(run: Run, round_index: int) -> Timings:
     return run.timed(clock)
 
 
+def run_tutorial(run: Run, round_index: int) -> Timings:
+    """TensorFlow's tutorial "Custom training with tf.distribute.Strategy", with the same model, data,
+    batch, AdamW and clipping: `strategy.run` per batch, the per-replica loss averaged over the global
+    batch, Keras' apply_gradients summing the gradients over the replicas."""
+    strategy, global_batch = run.strategy, run.args.batch_size
+    model, optimizer = run.model_and_optimizer(strategy)
+    with strategy.scope():
+        # Under Keras 3 the optimizer's variables cannot be made inside the distributed step.
+        optimizer.build(model.trainable_variables)
+
+    def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            losses = keras.losses.sparse_categorical_crossentropy(targets, model(inputs, training=True), True)
+            loss = tf.nn.compute_average_loss(losses, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return tf.reduce_sum(losses)
+
+    @tf.function
+    def distributed_train_step(batch: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
+
+    clock = EpochClock()
+    batches = strategy.experimental_distribute_dataset(run.train_batches())
+    for epoch in range(run.total_epochs):
+        clock.start()
+        loss_sum = tf.constant(0.0)
+        for batch in batches:
+            loss_sum += distributed_train_step(batch)
+        print(f"tutorial epoch {epoch + 1}: train_loss {float(loss_sum) / run.args.train_size:.4f}", flush=True)
+        clock.stop()
+    return run.timed(clock)
+
+
 def run_fit(run: Run, round_index: int) -> Timings:
     """model.compile + model.fit, everything optional off; a callback times each epoch."""
-    model, optimizer = run.model_and_optimizer()
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model, optimizer = run.model_and_optimizer(run.strategy)
+    with run.strategy.scope():
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     clock = EpochClock()
 
     class EpochTimer(keras.callbacks.Callback):
@@ -215,14 +274,21 @@ def main(argv: list[str] | None = None) -> int:
     # Before any op runs: TensorFlow fixes its thread pools once.
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    loops: dict[str, Callable[[Run, int], Timings]] = {"generated": run_generated, "hand-written": run_hand_written}
+    if args.replicas > 1:  # as the project's --cpu-replicas does, once for every run of this process
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+    loops: dict[str, Callable[[Run, int], Timings]] = {"generated": run_generated}
+    if args.replicas > 1:
+        loops["tutorial"] = run_tutorial
+    else:
+        loops["hand-written"] = run_hand_written
     if args.compare_flags:
         loops["generated+"] = functools.partial(run_generated, extra_flags=args.compare_flags)
     if not args.skip_fit:
         loops["fit"] = run_fit
     work = Path(tempfile.mkdtemp(prefix="looptpl-tf-bench-"))
     try:
-        project = render_project(work)
+        project = render_project(work, "mirrored" if args.replicas > 1 else "one-device")
         run = Run(args, project, build_arrays(project, args.train_size), work)
         timings: dict[str, list[Timings]] = {name: [] for name in loops}
         names = list(loops)
@@ -257,8 +323,9 @@ def report(
     device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     print(
         f"\ntensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s) on {cores} CPUs, "
-        f"{device}; train {args.train_size} samples, batch {args.batch_size}, {args.warmup_epochs} warmup + "
-        f"{args.epochs} timed epochs x {args.rounds} rounds; progress bar {args.progress}; generated flags "
+        f"{device}, {args.replicas} replica(s); train {args.train_size} samples, batch {args.batch_size}, "
+        f"{args.warmup_epochs} warmup + {args.epochs} timed epochs x {args.rounds} rounds; "
+        f"progress bar {args.progress}; generated flags "
         f"'{args.generated_flags}', generated+ adds '{args.compare_flags}'; template {template_revision()}; "
         f"{elapsed:.0f}s; "
         f"load average {load[0]:.1f} -> {load[1]:.1f}"

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 
+import keras
 import pytest
 import tensorflow as tf
 from conftest import ZERO_LR, edited_sources, finish, run_training, start_training, summary
@@ -17,7 +18,8 @@ from project import final_split, split_sizes
 from gan_mirrored.kit.checkpoint import ConfigState, written_by
 from gan_mirrored.kit.config import TrainConfig, parse_config
 from gan_mirrored.kit.contract import template_version
-from gan_mirrored.kit.errors import ConfigError
+from gan_mirrored.kit.errors import ConfigError, RunError
+from gan_mirrored.kit.stages import apply_as_given
 
 ONE_EPOCH = ("--epochs", "1", "--global-batch-size", "40")
 SPLITS = "    return make_split(1007), make_split(251), make_split(257)"
@@ -294,6 +296,22 @@ def test_a_checkpoint_names_the_template_version_that_wrote_it(tmp_path):
     assert written_by(older) == "an older version of the template"
     state.text = json.dumps({**dataclasses.asdict(TrainConfig()), "template_version": "0123abc"})
     assert written_by(tf.train.Checkpoint(config=state).write(str(tmp_path / "named"))) == "template version 0123abc"
+
+
+def test_an_optimizer_applies_the_summed_gradients_as_given_or_the_run_is_refused():
+    # The loop sums the gradients over the replicas itself, so Keras' own sum is turned off (test_distributed
+    # checks the weights); a Keras without the method that sums is refused before an update R times too big.
+    optimizer = keras.optimizers.SGD(0.1)
+    apply_as_given(optimizer)
+    grad, variable = tf.ones([2]), tf.Variable(tf.zeros([2]))
+    [(kept, _)] = optimizer._all_reduce_sum_gradients([(grad, variable)])
+    assert kept is grad  # not a sum over the replicas (a new tensor, even with one replica)
+
+    class KerasWithoutIt(keras.optimizers.SGD):
+        _all_reduce_sum_gradients = None
+
+    with pytest.raises(RunError, match=r"^keras .* has no optimizer._all_reduce_sum_gradients, which this loop"):
+        apply_as_given(KerasWithoutIt(0.1))
 
 
 def test_the_projects_own_config_file_is_one_the_loop_reads():

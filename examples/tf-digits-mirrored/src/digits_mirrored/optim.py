@@ -19,7 +19,7 @@ def build_optimizer(
 ) -> keras.optimizers.Optimizer:
     """Build the optimizer; the engine calls this under `strategy.scope()`.
 
-    Leave out `clipnorm` and `global_clipnorm`: Keras would clip each replica's share of the
-    gradients before summing them; the engine clips the summed gradient (--max-grad-norm).
+    Leave out `clipnorm` and `global_clipnorm`: the loop clips the gradient summed over every
+    replica and micro-step already (--max-grad-norm).
     """
     return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)

@@ -695,14 +695,8 @@ class TrainStep:
         return apply
 
     def _apply_gradients(self, stage: Stage, grads: list[tf.Tensor]) -> None:
-        """Update the stage's weights with its clipped global gradient (on every replica)."""
-        if self.replicas > 1:
-            # Keras' apply_gradients sums the gradients over the replicas once more and cannot be told
-            # not to. Ours are already summed and clipped, so replica 0 hands them over and the others
-            # zeros: Keras' sum is then exactly ours. (Keras' own global_clipnorm would clip each
-            # replica's share before that sum; clipping the true gradient costs this second all-reduce.)
-            is_first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-            grads = [tf.where(is_first, grad, tf.zeros_like(grad)) for grad in grads]
+        """Update the stage's weights with its clipped global gradient: every replica applies its copy of
+        it to its copy of the weights (the optimizer does not sum it over the replicas again: build_stages)."""
         stage.optimizer.apply_gradients(zip(grads, stage.variables, strict=True))
 
     def _skip(self, stage: Stage, loss: tf.Tensor) -> None:

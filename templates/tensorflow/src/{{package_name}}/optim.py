@@ -20,8 +20,8 @@ def build_optimizer(
 ) -> keras.optimizers.Optimizer:
     """Build the optimizer; the loop calls this under `strategy.scope()`.
 
-    Leave out `clipnorm` and `global_clipnorm`: Keras would clip each replica's share of the
-    gradients before summing them; the loop clips the summed gradient (--max-grad-norm).
+    Leave out `clipnorm` and `global_clipnorm`: the loop clips the gradient summed over every
+    replica and micro-step already (--max-grad-norm).
     """
     # TODO(optim): choose your optimizer; --lr (through the schedule) and --weight-decay feed it.
     # epsilon=1e-8 is PyTorch's default (Keras' is 1e-7): the torch and TensorFlow templates then train alike.

@@ -18,7 +18,7 @@ import tensorflow as tf
 from .collect import Mean, check_train_value
 from .config import TrainConfig
 from .ema import keep_average
-from .errors import DataError, StepError, user_code_error
+from .errors import DataError, RunError, StepError, user_code_error
 
 
 @dataclass
@@ -134,6 +134,7 @@ def build_stages(optimizers: object, trained: dict[str, keras.Model], config: Tr
             )
         if config.ema_decay:
             keep_average(optimizer, config.ema_decay)
+        apply_as_given(optimizer)
         if config.precision == "fp16":
             # fp16 gradients can underflow: the loss is scaled up before backprop; an update with
             # inf/NaN gradients is skipped and the scale lowered.
@@ -141,6 +142,20 @@ def build_stages(optimizers: object, trained: dict[str, keras.Model], config: Tr
         optimizer.build(trained[name].trainable_variables)  # its state must exist before a restore
         stages.append(Stage(name, optimizer, trained[name]))
     return stages
+
+
+def apply_as_given(optimizer: keras.optimizers.Optimizer) -> None:
+    """Make the optimizer apply the gradients it is given. The loop gives it gradients summed over the
+    replicas and clipped already (train.py), and Keras 3's apply_gradients would sum them over the
+    replicas once more: an all-reduce per update for nothing, and R times the gradient. Keras has no
+    switch for it, so the method that sums is replaced, on this optimizer only, by one that keeps them."""
+    if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+        raise RunError(
+            f"keras {keras.__version__} has no optimizer._all_reduce_sum_gradients, which this loop turns off "
+            "(it would sum the gradients over the replicas twice): install the keras 3 this project was "
+            "tested with, or update the project (looptpl update)"
+        )
+    optimizer._all_reduce_sum_gradients = list  # type: ignore[method-assign]
 
 
 def grad_norms(stages: list[Stage]) -> dict[str, float]:
