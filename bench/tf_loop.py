@@ -101,7 +101,7 @@ def render_project(root: Path, strategy: str) -> types.ModuleType:
     (package_dir,) = [path for path in (destination / "src").iterdir() if (path / "train.py").exists()]
     sys.path.insert(0, str(destination / "src"))
     package = importlib.import_module(package_dir.name)
-    for module in ("train", "data", "model", "distributed"):
+    for module in ("train", "data", "model"):
         setattr(package, module, importlib.import_module(f"{package_dir.name}.{module}"))
     package.config = importlib.import_module(f"{package_dir.name}.kit.config")
     return package
@@ -274,11 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     # Before any op runs: TensorFlow fixes its thread pools once.
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    if args.replicas > 1:  # as the project's --cpu-replicas does, once for every run of this process
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
     loops: dict[str, Callable[[Run, int], Timings]] = {"generated": run_generated}
     if args.replicas > 1:
+        # As the project's --cpu-replicas does, once for every run of this process.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
         loops["tutorial"] = run_tutorial
     else:
         loops["hand-written"] = run_hand_written
