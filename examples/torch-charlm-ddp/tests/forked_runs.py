@@ -105,8 +105,11 @@ class Server:
             self.changed.notify_all()
 
 
-SERVERS: dict[tuple[str, ...], Server] = {}
+SERVERS: dict[tuple[object, ...], Server] = {}
 SERVERS_LOCK = threading.Lock()  # tests may start runs from several threads at once
+# Variables the frameworks read once, when they are imported: a run whose environment sets them otherwise than
+# the server's (a test turning oneDNN off, say) is forked from a server started with its values.
+READ_AT_IMPORT = ("TF_ENABLE_ONEDNN_OPTS", "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 
 def start(
@@ -114,10 +117,11 @@ def start(
 ) -> ForkedRun:
     """Run `command` (`python -m MODULE ...`) in `cwd` (this one by default), forked from a server that
     imported the modules `preload` (the framework, never your package), its output appended to `log`."""
+    key = (preload, *(environment.get(name) for name in READ_AT_IMPORT))
     with SERVERS_LOCK:
-        if preload not in SERVERS or not SERVERS[preload].alive():
-            SERVERS[preload] = Server(preload, environment)
-        server = SERVERS[preload]
+        if key not in SERVERS or not SERVERS[key].alive():
+            SERVERS[key] = Server(preload, environment)
+        server = SERVERS[key]
     return server.start(command, log, environment, cwd or Path.cwd())
 
 
