@@ -200,8 +200,13 @@ def evaluated_samples(dataset: tf.data.Dataset, size: int, samples: int) -> tf.d
     keep = np.zeros(size, dtype=bool)
     keep[np.random.default_rng(0).choice(size, samples, replace=False)] = True
     kept = tf.constant(keep)
-    chosen = dataset.enumerate().filter(lambda index, sample: kept[index]).map(lambda index, sample: sample)
-    return chosen.apply(tf.data.experimental.assert_cardinality(samples))
+    # Traced as the plain Python they are (see the module's docstring; AutoGraph warned it could not read them).
+    is_kept = tf.autograph.experimental.do_not_convert(lambda index, sample: kept[index])
+    sample_of = tf.autograph.experimental.do_not_convert(lambda index, sample: sample)
+    chosen = dataset.enumerate().filter(is_kept).map(sample_of)
+    # Finding them reads the whole split (seconds for a million samples): every evaluation after the first
+    # reads them from memory.
+    return chosen.apply(tf.data.experimental.assert_cardinality(samples)).cache()
 
 
 def batches(dataset: tf.data.Dataset, batch_size: int, split: str, make_batches: MakeBatches) -> tf.data.Dataset:
