@@ -112,6 +112,27 @@ def test_jit_compile_trains_padded_batches_of_every_length_like_the_graph(lm_run
     assert records(lm_runs["xla"])[-1]["val_loss"] == pytest.approx(records(lm_runs["one"])[-1]["val_loss"])
 
 
+def test_token_windows_train_alike_on_one_and_two_replicas_and_resume_exactly(lm, tmp_path):
+    # docs/todos.md's token windows in the language model: a sample is a window's offset, and make_batches
+    # gathers the windows; epochs of 6 updates from each epoch's shuffle, validation on 2 fixed batches.
+    # 1 replica, and 2 replicas with accumulation stopped mid-epoch 2 then resumed, train the same weights.
+    project = copy_project(lm, tmp_path / "windows")
+    write_blocks(project, doc_blocks("TensorFlow: token windows"))
+    flags = ("--epochs", "2", "--steps-per-epoch", "6", "--eval-batches", "2", "--eval-batch-size", "16")
+    flags += ("--corpus-bytes", "60000", "--width", "32", "--global-batch-size", "16", "--warmup-steps", "2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    in_parallel(
+        lambda: train_tf(project, one, *flags),
+        lambda: train_tf(project, two, *flags, "--grad-accum-steps", "2", "--stop-after-step", "9", replicas=2),
+    )
+    train_tf(project, two, *flags, "--grad-accum-steps", "2", "--resume", replicas=2)
+    assert relative_difference(tf_weights(one), tf_weights(two)) < TOLERANCE
+    assert [record["step"] for record in records(one)] == [record["step"] for record in records(two)] == [6, 12]
+    assert all(record["val_tokens"] == 2 * 16 * 64 for record in records(one) + records(two))
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["val_loss"] == pytest.approx(records(one)[summary["best_epoch"] - 1]["val_loss"], rel=1e-5)
+
+
 def test_a_mean_of_micro_batch_means_fails_the_same_check(lm, tmp_path):
     # The bug of transformers#34242: each micro-batch averaged over its own tokens, then averaged.
     naive = copy_project(lm, tmp_path / "naive")
