@@ -50,9 +50,15 @@ MISTAKES = {
     # Evaluation batches (any but the global batch of 40 these runs train on) that lose a sample each.
     "eval_batches_lose_samples": (
         "data.py",
-        "    return dataset.batch(batch_size)",
+        "    return dataset.batch(batch_size)\n",
         "    batches = dataset.batch(batch_size)\n"
-        "    return batches.map(lambda x, y: (x[1:], y[1:])) if batch_size != 40 else batches",
+        "    return batches.map(lambda x, y: (x[1:], y[1:])) if batch_size != 40 else batches\n",
+    ),
+    # A function given to tf.data that takes the batch's (inputs, targets) as one argument.
+    "make_batches_typo": (
+        "data.py",
+        "    return dataset.batch(batch_size)\n",
+        "    return dataset.batch(batch_size).map(lambda batch: batch)\n",
     ),
     "nan_test_data": (
         "data.py",
@@ -211,6 +217,11 @@ def test_an_averaged_loss_is_refused(mistakes):
         ("integer_loss", r"the 'model' loss from train_step is int32, which has no gradient; return a floating "),
         ("two_datasets", r"data\.py: build_datasets must return \(train, val, test\) datasets, got a tuple of 2$"),
         ("eval_batches_lose_samples", r"data\.py: make_batches gave 250 of the val set's 251 samples; keep every"),
+        (
+            "make_batches_typo",
+            r"data\.py:\d+ failed in make_batches on the val set: TypeError: "
+            r".*takes 1 positional argument but 2 were given$",
+        ),
         (
             "if_on_a_tensor",
             r"step\.py:\d+ failed in train_step: a tensor used as a Python bool or iterated over; the step is traced "

@@ -62,7 +62,7 @@ class CheckpointError(RunError):
 def first_line(error: Exception) -> str:
     """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
     message = getattr(error, "message", None) or str(error)
-    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*"
+    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*|^\s*in user code:"
     lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
     return next((line for line in lines if line), type(error).__name__)
 

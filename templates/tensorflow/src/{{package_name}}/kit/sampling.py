@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from .config import TrainConfig
-from .errors import ConfigError, DataError, TrainingError
+from .errors import ConfigError, DataError, TrainingError, in_your_code
 
 # data.py's make_batches(dataset, batch_size): how the loop cuts a split into batches.
 MakeBatches = Callable[[tf.data.Dataset, int], tf.data.Dataset]
@@ -211,7 +211,8 @@ def evaluated_samples(dataset: tf.data.Dataset, size: int, samples: int) -> tf.d
 
 def batches(dataset: tf.data.Dataset, batch_size: int, split: str, make_batches: MakeBatches) -> tf.data.Dataset:
     """data.py's `make_batches`, checked to keep every sample: ceil(samples / batch_size) batches."""
-    batched = make_batches(dataset, batch_size)
+    with in_your_code(f"in make_batches on the {split} set"):
+        batched = make_batches(dataset, batch_size)
     size = int(dataset.cardinality())
     expected = -(-size // batch_size)
     if not isinstance(batched, tf.data.Dataset) or (size >= 0 and int(batched.cardinality()) not in (expected, -2)):
