@@ -1,0 +1,178 @@
+"""Problems a user can fix. Managed by the looptpl template.
+
+train.py turns each into one message and an exit code; the message names the flag or the file
+to change.
+"""
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+class RunError(Exception):
+    """A run that cannot start or go on."""
+
+    exit_code = 1
+    # Raised alike on every worker (from values all of them reduced, or code all of them traced): one
+    # of them prints it (errors.report) and all leave together.
+    on_every_rank = True
+
+    def __str__(self) -> str:
+        # Raised while TensorFlow traced a step, the error comes back re-made by AutoGraph, its
+        # message prefixed with the traced call stack: the problem is the last line.
+        text = super().__str__()
+        if text.startswith("in user code:"):
+            text = text.strip().splitlines()[-1].strip().removeprefix(f"{type(self).__name__}: ")
+        return text
+
+
+class ConfigError(RunError):
+    """A flag value that cannot work."""
+
+    exit_code = 2
+
+
+class TrackerError(ConfigError):
+    """A --tracker that cannot start, or its tracker.json: raised where it logs, by the chief alone."""
+
+    on_every_rank = False
+
+
+class DataError(RunError):
+    """Data or objects from your files (data.py, model.py, optim.py, ...) that the loop cannot use."""
+
+    on_every_rank = False  # a worker's own part of the data, say
+
+
+class TrainingError(RunError):
+    """Training went wrong (a NaN loss, say)."""
+
+
+class CheckpointError(RunError):
+    """No usable checkpoint where one was expected."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an error's cause, without where TensorFlow ran or traced the failing graph."""
+    message = getattr(error, "message", None) or str(error)
+    where = r"\{\{function_node [^}]*\}\}|Graph execution error:|Detected at node .*|^\s*File .*|^\s*in user code:"
+    lines = [line.strip() for line in re.sub(where, "", message, flags=re.MULTILINE).splitlines()]
+    return next((line for line in lines if line), type(error).__name__)
+
+
+class StepError(DataError):
+    """What step.py, metrics.py or loss.py returned or raised while the step was traced."""
+
+    on_every_rank = True  # every worker traces the same step
+
+
+USER_FILES = ("data.py", "model.py", "loss.py", "metrics.py", "optim.py", "step.py", "settings.py", "hooks.py")
+
+
+def in_your_files(places: Iterable[tuple[Path, int | None]]) -> list[str]:
+    """`file:line` of each place (a file and a line) that is in one of your files of this package, in order."""
+    package = Path(__file__).parents[1]  # src/PKG: your files and train.py
+    return [f"{path.name}:{line}" for path, line in places if path.parent == package and path.name in USER_FILES]
+
+
+def user_code_error(error: Exception, doing: str) -> Exception:
+    """One line for an exception raised in your code while TensorFlow traced it: your file and line.
+
+    Errors that did not pass through a user file are the template's: they keep their traceback.
+    """
+    places = [(Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+    mine = in_your_files(places)
+    if not mine:
+        return error
+    if isinstance(error, RunError):  # one of ours, raised on a value your code passed: say where
+        return type(error)(f"{mine[-1]}: {error}")
+    if type(error).__name__ == "OperatorNotAllowedInGraphError":  # `if tensor:`, `for x in tensor:`
+        return StepError(
+            f"{mine[-1]} failed {doing}: a tensor used as a Python bool or iterated over; the step is traced "
+            "once as plain Python, so decide on a tensor with tf.where or tf.cond, and loop over a Python range"
+        )
+    return StepError(f"{mine[-1]} failed {doing}: {type(error).__name__}: {first_line(error)}")
+
+
+def three_datasets(returned: object) -> tuple[Any, Any, Any]:
+    """data.py's (train, val, test; the test set may be None), or a DataError saying what build_datasets
+    returned instead."""
+    if isinstance(returned, tuple | list) and len(returned) == 3:
+        missing = [split for split, dataset in zip(("train", "val"), returned, strict=False) if dataset is None]
+        if missing:
+            raise DataError(
+                f"data.py: build_datasets returned None for the {missing[0]} set; only the test set may be None "
+                "(the run then has no final test)"
+            )
+        return returned[0], returned[1], returned[2]
+    if returned is None:
+        got = "None"
+    elif isinstance(returned, tuple | list | dict):
+        got = f"a {type(returned).__name__} of {len(returned)}"
+    else:
+        got = f"a {type(returned).__name__}"
+    raise DataError(f"data.py: build_datasets must return (train, val, test) datasets, got {got}")
+
+
+@contextlib.contextmanager
+def in_your_code(doing: str, hint: str = "") -> Iterator[None]:
+    """Around a call of your code (build_model, build_optimizer, ...): an exception raised in one of your
+    files becomes one line naming its file and line, `optim.py:22 failed building the optimizer: ...`.
+
+    `hint` ends that line when the error is about a dict: code written for one model, given several.
+    """
+    try:
+        yield
+    except Exception as error:
+        problem = user_code_error(error, doing)
+        if hint and problem is not error and re.search(r"\bdict\b", str(problem)):
+            problem = type(problem)(f"{problem}; {hint}")
+        raise problem from None
+
+
+def first_rank() -> bool:
+    """Whether this process speaks for all: rank 0 under torchrun (or worker 0 of TensorFlow's
+    kit/launch.py, which numbers its workers alike), or a process on its own."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def report(message: str, every_rank: bool = True) -> None:
+    """Print the line that ends a failed run, once: from rank 0 when every rank stops alike, from the
+    rank it happened on otherwise. Under torchrun it also goes into the rank's error file, which
+    torchrun's closing summary quotes as the root cause (instead of `error_file: <N/A>`)."""
+    line = message.strip().splitlines()[-1] if message.strip() else message
+    if not every_rank or first_rank():
+        # One write, newline included: lines from ranks failing at once are not glued together.
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        sys.stderr.flush()
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
+
+
+def import_failure(error: Exception) -> str | None:
+    """One line for an error raised as train.py imported this package, so your files: a syntax error's
+    file and line, a name the template imports but a file lacks, or the line of yours that raised;
+    None for an error of the template's own code."""
+    package = Path(__file__).parents[1]  # src/PKG: your files and train.py
+    if isinstance(error, SyntaxError) and error.filename and package in Path(error.filename).parents:
+        file = Path(error.filename).relative_to(package)
+        return (
+            f"{file}:{error.lineno}: {type(error).__name__}: {error.msg}; fix this line "
+            "(python -m compileall -q src lists any others)"
+        )
+    if isinstance(error, ImportError) and error.path and Path(error.path).parent == package:  # a name gone
+        message = (error.msg or "").partition(" (")[0]
+        return f"{Path(error.path).name}: {message}; the template's code imports that name from there, so keep it"
+    mine = in_your_files((Path(frame.filename), frame.lineno) for frame in traceback.extract_tb(error.__traceback__))
+    if not mine:
+        return None
+    message = str(error).strip().partition("\n")[0]
+    return f"{mine[-1]} failed on import: {type(error).__name__}: {message}"
