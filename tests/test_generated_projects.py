@@ -110,6 +110,24 @@ def test_one_function_holds_the_backward_the_clip_and_the_optimizer_step(project
     assert len(update) == 1 and ".step(stage.optimizer)" in update[0] and "max_grad_norm" in update[0]
 
 
+@pytest.mark.parametrize("strategy", [variant.strategy for variant in VARIANTS])
+def test_one_optimizer_takes_train_steps_loss_without_the_protocol_of_several(projects, strategy):
+    """With one optimizer the loss is train_step's return value; the generator protocol of several optimizers
+    (a GAN) lives in a function of its own, which a one-optimizer run does not go through."""
+    train = (projects[strategy] / "src" / package_of(projects[strategy]) / "train.py").read_text()
+    nodes = [node for node in ast.walk(ast.parse(train)) if isinstance(node, ast.FunctionDef)]
+    functions = {node.name: ast.unparse(node) for node in nodes}
+    assert re.search(r"loss = train_step\(self\.models, (micro_)?batch, self\.config\)", functions["train_loss"])
+    protocol = [name for name, code in functions.items() if "micro_step_losses(" in code]
+    if strategy in {"single", "ddp", "fsdp"}:
+        assert protocol == ["update_each_optimizer"]
+        assert "self.update_each_optimizer(" in functions["update"].split("else:")[-1]
+    else:  # TensorFlow: the replica's update asks for the generator in its branch for several optimizers
+        assert protocol == ["losses"]
+        assert "self.losses(" in functions["_replica_update"].split("else:")[1].split("sums, applied")[0]
+        assert "self.train_loss" in functions["_whole_micro_step"]
+
+
 @pytest.mark.parametrize("strategy", ["single", "one-device"])
 def test_the_tests_budget_in_settings_py_becomes_flags_and_what_the_tests_expect(projects, strategy, tmp_path):
     """settings.py's TEST_DEFAULTS: flags every test run gets first, and the counts tests/project.py expects."""

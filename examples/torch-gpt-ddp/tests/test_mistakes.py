@@ -101,6 +101,12 @@ USER_FILE_MISTAKES = {
         "        return Sized(inputs, targets)",
         re.compile(r"error: data\.py:\d+: the train dataset's __len__ returned -997; "),
     ),
+    "yield-for-one-optimizer": (
+        "step.py",
+        "    return Mean(per_sample_loss(model(inputs), targets))",
+        '    yield "model", Mean(per_sample_loss(model(inputs), targets))',
+        "train_step must return a Mean for 'model', got a generator (yield losses only when optim.py returns several",
+    ),
     "optimizer-for-one-model": (
         "model.py",
         "def build_model(config: TrainConfig) -> nn.Module:",

@@ -43,7 +43,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .hooks import Hooks
     from .kit.callbacks import EarlyStopping, HookCaller, Run
     from .kit.checkpoint import Checkpointer, ConfigState, HooksState
-    from .kit.collect import Mean, run_updates_in_a_loop
+    from .kit.collect import Mean, check_train_value, run_updates_in_a_loop
     from .kit.config import TrainConfig, check_resumable, parse_config
     from .kit.errors import StepError, TrainingError
     from .kit.evaluation import Evaluator, finite_or_raise
@@ -588,16 +588,19 @@ class TrainStep:
         # batch only then): a short batch is spread evenly, not left to the last micro-step.
         parts = self.config.grad_accum_steps
         micro_batches = [part(batch, index, parts) for index in range(parts)]
-        # A micro-batch's step runs up to its first loss. With several optimizers, step.py yields one
-        # loss per stage and is resumed stage by stage, after the previous stage's update.
-        # Under --jit-compile (one optimizer) each micro-step runs whole, compiled by XLA.
-        steps = [] if self.jit_micro_step else [self.losses(micro_batch) for micro_batch in micro_batches]
+        if len(self.stages) == 1:  # one optimizer: a micro-batch's loss is what train_step returns
+            forwards = [[functools.partial(self.train_loss, micro_batch) for micro_batch in micro_batches]]
+        else:  # several (a GAN): step.py yields one loss per stage, resumed after the previous stage's update
+            steps = [self.losses(micro_batch) for micro_batch in micro_batches]
+            forwards = [
+                [functools.partial(next_loss, losses, stage, self.stages) for losses in steps] for stage in self.stages
+            ]
         sums, applied = [], []
-        for stage in self.stages:
-            if self.jit_micro_step:
+        for stage, stage_forwards in zip(self.stages, forwards, strict=True):
+            if self.jit_micro_step:  # --jit-compile (one optimizer): each micro-step runs whole, compiled by XLA
                 micro_steps = [functools.partial(self.jit_micro_step, micro_batch) for micro_batch in micro_batches]
             else:
-                micro_steps = [functools.partial(self._micro_step, stage, losses) for losses in steps]
+                micro_steps = [functools.partial(self._micro_step, stage, forward) for forward in stage_forwards]
             grads, total, weight = self._gradients(stage, micro_steps)
             # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides it
             # out): their norm is S times the true one, and clipping S*g at S*max_norm clips g at max_norm.
@@ -616,7 +619,8 @@ class TrainStep:
             merge = functools.partial(self._apply_or_skip, stage)
             applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss, norm)))
             sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
-        check_all_used(steps, self.stages)
+        if len(self.stages) > 1:
+            check_all_used(steps, self.stages)
         return tf.stack(sums), tf.stack(applied), rows(batch)
 
     def _gradients(self, stage: Stage, micro_steps: Sequence[Callable[[], MicroStep]]) -> MicroStep:
@@ -646,10 +650,10 @@ class TrainStep:
         factor = self.config.global_batch_size / tf.maximum(weight, 1e-12)
         return [grad * factor for grad in grads], total, weight
 
-    def _micro_step(self, stage: Stage, losses: Iterator[tuple[str, Mean]]) -> MicroStep:
-        """The stage's part of one micro-step: step.py runs up to the stage's loss, then its gradients."""
+    def _micro_step(self, stage: Stage, forward: Callable[[], Mean]) -> MicroStep:
+        """The stage's part of one micro-step: `forward()` runs step.py up to the stage's loss, then its gradients."""
         with tf.GradientTape() as tape:
-            loss = next_loss(losses, stage, self.stages)
+            loss = forward()
             total, penalty = loss.total, stage.penalty()  # model.py's regularizers and add_loss() values
             if penalty is not None:
                 # Micro-batch k's penalty p_k counts as if added to each of its values: with W_k its weight,
@@ -668,10 +672,7 @@ class TrainStep:
 
     def _whole_micro_step(self, micro_batch: Any) -> MicroStep:
         """A micro-step of the one optimizer, from step.py's first line to its gradients (--jit-compile)."""
-        losses = self.losses(micro_batch)
-        result = self._micro_step(self.stages[0], losses)
-        check_all_used([losses], self.stages)
-        return result
+        return self._micro_step(self.stages[0], functools.partial(self.train_loss, micro_batch))
 
     def _apply_or_skip(
         self, stage: Stage, strategy: tf.distribute.Strategy, grads: Any, finite: Any, loss: Any, norm: Any
@@ -711,8 +712,15 @@ class TrainStep:
         message += " (training loss {})"
         tf.print(tf.strings.format(message, (self.epoch + 1, self.step, loss)), output_stream=sys.stderr)
 
+    def train_loss(self, micro_batch: Any) -> Mean:
+        """step.py's loss for one micro-batch, with one optimizer."""
+        with in_your_code("in train_step"):
+            loss = train_step(self.models, micro_batch, self.config)
+        return check_train_value(loss, self.stages[0].name)
+
     def losses(self, micro_batch: Any) -> Iterator[tuple[str, Mean]]:
-        """step.py's losses for one micro-batch, one per stage; nothing runs before the first is asked for."""
+        """step.py's losses for one micro-batch with several optimizers, one per stage; nothing runs before
+        the first is asked for."""
         return micro_step_losses(train_step, self.models, micro_batch, self.config, self.stages[0].name)
 
     def gave_up(self) -> Stage | None:

@@ -16,8 +16,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .kit.collect import Mean
 from .kit.config import TrainConfig
 from .kit.errors import ConfigError, StepError
+
+# What the update multiplies the gradients by to make them the exact mean's; None where that is exactly 1.
+Factor = torch.Tensor | float | None
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,20 @@ def start_sum(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
         return tensor
 
     return result
+
+
+def exact_factor(losses: list[Mean], weight: torch.Tensor, global_batch_size: int) -> Callable[[], Factor]:
+    """--global-batch-size / W, with W the weights of the update's losses summed over its micro-steps and every
+    rank (`weight`: this rank's sum), to read after the last backward(). With several ranks the sum starts now
+    and travels while backward() runs. A world of one counts unweighted losses on the host, with nothing to
+    run on the device: None for a full batch, where the factor is exactly 1."""
+    counts = [loss.count for loss in losses]
+    if dist.get_world_size() == 1 and None not in counts:
+        total = float(sum(counts))  # type: ignore[arg-type]
+        factor = None if total == global_batch_size else global_batch_size / max(total, 1e-12)
+        return lambda: factor
+    summed = start_sum(weight.to(torch.float64, copy=True))
+    return lambda: (global_batch_size / summed().clamp_min(1e-12)).float()
 
 
 def agree(decision: bool) -> bool:

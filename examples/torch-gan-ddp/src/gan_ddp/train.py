@@ -18,13 +18,14 @@ never need to open it to follow a run. `--help` lists every flag, yours first.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import random
 import signal
 import sys
 import time
-from collections.abc import Sized
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .hooks import Hooks
     from .kit.callbacks import EarlyStopping, HookCaller, Run
     from .kit.checkpoint import Checkpointer
+    from .kit.collect import Mean, check_train_value
     from .kit.config import TrainConfig, check_resumable, parse_config
     from .kit.ema import WeightAverage
     from .kit.evaluation import Evaluator, finite_or_raise
@@ -67,11 +69,10 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
     from .kit.rundir import prepare_data, prepare_run_dir
     from .kit.runs import closing_lines, opening_line
     from .kit.stages import (
+        Stage,
         build_stages,
         check_all_used,
         check_finite,
-        exact_factor,
-        global_weight,
         grad_norms,
         load_stages_state,
         loss_totals,
@@ -80,7 +81,6 @@ try:  # your files are imported here (settings.py by kit/config.py): a mistake i
         next_loss,
         only_training,
         stages_state,
-        times,
     )
     from .kit.throughput import Throughput
     from .metrics import dataset_metrics
@@ -207,7 +207,6 @@ class Trainer:
         self.autocast = make_autocast(config.precision, runtime.device)
         self.ema = WeightAverage(self.trained, config.ema_decay) if config.ema_decay else None
         self.profiler = UpdateProfiler(config.profile, Path(config.run_dir), runtime)  # --profile
-        self.per = "sample"  # what one unit of the first optimizer's loss weight is (Mean's `per`)
         self.progress = ProgressBar(config.progress and runtime.is_main)
         user = (eval_step, dataset_metrics)
         self.evaluator = Evaluator(self.loaders, self.models, config, self.autocast, self.ema, user, self.progress)
@@ -220,6 +219,7 @@ class Trainer:
         self.samples_trained = 0  # by this process, for the throughput
         self.stop_signal = 0  # SIGTERM or SIGINT (Ctrl-C), once one asked the run to stop
         self.stop_asked = 0.0  # when (time.monotonic())
+        self.pid = os.getpid()  # of this process: a DataLoader worker forks with its signal handlers
         self.stopped = ""  # why fit() stopped before the end, in words
         self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)
         stage_optimizers = [stage.optimizer for stage in self.stages]
@@ -347,63 +347,91 @@ class Trainer:
         return self.end_epoch(epoch, first, done)
 
     def update(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
-        """One update per optimizer (a GAN has two) from this rank's micro-batches; returns this rank's
-        [loss total, weight] per optimizer and whether any update was applied (`where` names it in messages)."""
+        """One update from this rank's micro-batches; returns this rank's [loss total, weight] of each
+        optimizer, and whether an update was applied (`where` names it in messages)."""
         for model in self.wrapped.values():
             distributed.check_trainable(model)  # hooks run between updates
-        # The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / W with W = sum_i(w_i),
-        # over every rank and micro-step; W is only known once every micro-step has run.
-        multiplier = self.runtime.world_size / self.config.global_batch_size
-        first = self.stages[0].name  # with several optimizers, step.py yields a loss per stage, in their order
-        steps = [micro_step_losses(train_step, self.models, batch, self.config, first) for batch in micro_batches]
-        totals = []  # this rank's [loss total, weight] of each stage
-        applied = False
-        for index, stage in enumerate(self.stages):
-            losses = []
-            with only_training(stage, self.stages):  # with several optimizers, only this stage's weights
-                for micro_step, step in enumerate(steps):
-                    last = micro_step == len(steps) - 1
-                    # DDP averages the ranks' gradients in backward(): only on the last micro-step.
-                    with distributed.gradient_sync(stage.models, enabled=last):
-                        with self.autocast():
-                            losses.append(loss := next_loss(step, stage, self.stages))
-                        if last:  # W is known: its sum over the ranks travels while this backward() runs
-                            totals.append(loss_totals(losses))
-                            weight = global_weight(losses, totals[-1][1], self.runtime.world_size)
-                        # A fixed multiplier c = world_size / --global-batch-size (exact already for one
-                        # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
-                        stage.scaler.scale(loss.total * multiplier).backward()
-            self.per = loss.per if index == 0 else self.per  # what a unit of weight is: sample, token
-            # The exact mean: times --global-batch-size / W (None: exactly 1, a full batch of per-sample losses).
-            factor = exact_factor(self.config.global_batch_size, weight())
-            stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones
-            grads = [param.grad for param in stage.params if param.grad is not None]
-            if self.config.max_grad_norm > 0 or stage.nan_guard.skips_updates:
-                # The exact gradient's norm (the same on every rank); clipping folds into the factor.
-                stage.grad_norm = times(torch.nn.utils.get_total_norm(grads), factor)
-                if self.config.max_grad_norm > 0:
-                    factor = times((self.config.max_grad_norm / (stage.grad_norm + 1e-6)).clamp(max=1.0), factor)
-                # Reading the norm waits for the GPU: only --nan-policy skip looks at it every update.
-                guard = stage.nan_guard
-                if guard.skips_updates and not guard.allow_update(distributed.is_finite(stage.grad_norm), where):
-                    stage.optimizer.zero_grad(set_to_none=True)
-                    totals[-1] = torch.zeros_like(totals[-1])  # a dropped update's loss is left out of train_loss
-                    continue
-            if factor is not None:
-                torch._foreach_mul_(grads, factor)
-            scale_before = stage.scaler.get_scale()
-            stage.scaler.step(stage.optimizer)
-            stage.scaler.update()
-            # fp16 skips an update with inf/NaN gradients and lowers the scale: the schedule only advances
-            # on updates that happened (reading the scale waits for the GPU: fp16 only).
-            if not (stage.scaler.is_enabled() and stage.scaler.get_scale() < scale_before):
-                stage.scheduler.step()
-            stage.optimizer.zero_grad(set_to_none=True)
-            applied = True
-        check_all_used(steps, self.stages)
+        if len(self.stages) == 1:  # one optimizer: a micro-batch's loss is what train_step returns
+            forwards = [functools.partial(self.train_loss, batch) for batch in micro_batches]
+            totals, applied = self.update_stage(self.stages[0], forwards, where)
+            totals = totals[None]
+        else:
+            totals, applied = self.update_each_optimizer(micro_batches, where)
         if applied and self.ema is not None:
             self.ema.update()  # --ema-decay: the average follows every update applied
         self.profiler.step()
+        return totals, applied
+
+    def update_stage(
+        self, stage: Stage, forwards: Sequence[Callable[[], Mean]], where: str
+    ) -> tuple[torch.Tensor, bool]:
+        """One update of `stage`'s optimizer from this rank's micro-steps (`forwards[i]()` runs micro-step i's
+        forward and returns its loss); returns this rank's [loss total, weight] and whether it was applied."""
+        # The update must follow the gradient of the global mean loss, sum_i(w_i l_i) / W with W = sum_i(w_i),
+        # over every rank and micro-step; W is only known once every micro-step has run.
+        multiplier = self.runtime.world_size / self.config.global_batch_size
+        losses = []
+        for micro_step, forward in enumerate(forwards):
+            last = micro_step == len(forwards) - 1
+            # DDP averages the ranks' gradients in backward(): only on the last micro-step.
+            with distributed.gradient_sync(stage.models, enabled=last):
+                with self.autocast():
+                    losses.append(loss := forward())
+                if last:  # W is known: its sum over the ranks travels while this backward() runs
+                    totals = loss_totals(losses)  # this rank's [sum_i(w_i l_i), sum_i(w_i)], for the logs
+                    exact = distributed.exact_factor(losses, totals[1], self.config.global_batch_size)
+                # A fixed multiplier c = world_size / --global-batch-size (exact already for one
+                # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
+                stage.scaler.scale(loss.total * multiplier).backward()
+        stage.per = loss.per  # what a unit of weight is (sample, token): the logs count them
+        # The exact mean: times --global-batch-size / W (None: exactly 1, a full batch of per-sample losses).
+        factor = exact()
+        stage.scaler.unscale_(stage.optimizer)  # clip the true gradients, not fp16-scaled ones
+        grads = [param.grad for param in stage.params if param.grad is not None]
+        if self.config.max_grad_norm > 0 or stage.nan_guard.skips_updates:
+            # The exact gradient's norm (the same on every rank); clipping folds into the factor.
+            norm = torch.nn.utils.get_total_norm(grads)
+            stage.grad_norm = norm if factor is None else norm * factor
+            if self.config.max_grad_norm > 0:
+                clip = (self.config.max_grad_norm / (stage.grad_norm + 1e-6)).clamp(max=1.0)
+                factor = clip if factor is None else clip * factor
+            # Reading the norm waits for the GPU: only --nan-policy skip looks at it every update.
+            guard = stage.nan_guard
+            if guard.skips_updates and not guard.allow_update(distributed.is_finite(stage.grad_norm), where):
+                stage.optimizer.zero_grad(set_to_none=True)
+                return torch.zeros_like(totals), False  # a dropped update's loss is left out of train_loss
+        if factor is not None:
+            torch._foreach_mul_(grads, factor)
+        scale_before = stage.scaler.get_scale()
+        stage.scaler.step(stage.optimizer)
+        stage.scaler.update()
+        # fp16 skips an update with inf/NaN gradients and lowers the scale: the schedule only advances
+        # on updates that happened (reading the scale waits for the GPU: fp16 only).
+        if not (stage.scaler.is_enabled() and stage.scaler.get_scale() < scale_before):
+            stage.scheduler.step()
+        stage.optimizer.zero_grad(set_to_none=True)
+        return totals, True
+
+    def train_loss(self, batch: Any) -> Mean:
+        """step.py's loss for one micro-batch, with one optimizer."""
+        with in_your_code("in train_step"):
+            loss = train_step(self.models, batch, self.config)
+        return check_train_value(loss, self.stages[0].name)
+
+    def update_each_optimizer(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
+        """Several optimizers (a GAN): train_step is a generator that yields (name, Mean) once per optimizer,
+        in optim.py's order. Each optimizer updates before the generators go on, so the next loss sees its
+        new weights; while one runs, only its weights take gradients."""
+        first = self.stages[0].name
+        steps = [micro_step_losses(train_step, self.models, batch, self.config, first) for batch in micro_batches]
+        totals, applied = [], False
+        for stage in self.stages:
+            with only_training(stage, self.stages):
+                forwards = [functools.partial(next_loss, step, stage, self.stages) for step in steps]
+                stage_totals, stage_applied = self.update_stage(stage, forwards, where)
+            totals.append(stage_totals)
+            applied |= stage_applied
+        check_all_used(steps, self.stages)
         return torch.stack(totals), applied
 
     def set_training(self, training: bool) -> None:
@@ -442,7 +470,7 @@ class Trainer:
         trained = (done - self.position) * self.config.global_batch_size  # since this epoch (re)started
         self.progress.update(done, trained, next(iter(losses.values())))
         record.update(lr=self.stages[0].scheduler.get_last_lr()[0], **grad_norms(self.stages))
-        record.update(self.throughput.figures(done, samples, sums[0][1], self.per))
+        record.update(self.throughput.figures(done, samples, sums[0][1], self.stages[0].per))
         if validate:
             record.update(self.evaluate("val"))
             self.set_training(True)
@@ -515,6 +543,8 @@ class Trainer:
 
     def _request_stop(self, signum: int, frame: object) -> None:
         """SIGTERM or Ctrl-C: stop at the next --log-every boundary, with a checkpoint. A second Ctrl-C: now."""
+        if os.getpid() != self.pid:  # a worker forked a moment ago, before its worker_init_fn ignores signals
+            return
         if self.stop_signal:
             # torchrun hands a Ctrl-C on to its ranks, which had it from the terminal: only a later one counts.
             if signum == signal.SIGINT and time.monotonic() - self.stop_asked > 1.0:

@@ -8,6 +8,7 @@ weigh a short or sparse micro-batch like a full one: the classic gradient-accumu
 Everything here runs inside the loop's tf.function, once per replica.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -152,4 +153,6 @@ def check_eval_values(values: object) -> dict[str, Mean | Gather]:
 def _describe(value: object) -> str:
     if tf.is_tensor(value):
         return f"a tensor of shape {value.shape}"  # type: ignore[attr-defined]
+    if isinstance(value, Iterator):
+        return "a generator (yield losses only when optim.py returns several optimizers)"
     return "None" if value is None else f"a {type(value).__name__}"

@@ -6,6 +6,7 @@ sample of a split in evaluation. Returning the average of a micro-batch instead 
 short or sparse micro-batch like a full one: the classic gradient-accumulation bug.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -127,4 +128,6 @@ def check_eval_values(values: object) -> dict[str, Mean | Gather]:
 def _describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, Iterator):
+        return "a generator (yield losses only when optim.py returns several optimizers)"
     return "None" if value is None else f"a {type(value).__name__}"

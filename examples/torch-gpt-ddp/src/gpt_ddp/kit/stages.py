@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed import Runtime, start_sum
+from ..distributed import Runtime
 from .callbacks import NonFiniteGuard
 from .collect import Mean, check_train_value
 from .config import TrainConfig
@@ -37,6 +37,7 @@ class Stage:
     nan_guard: NonFiniteGuard
     params: list[torch.nn.Parameter] = field(init=False)
     grad_norm: torch.Tensor | None = field(default=None, init=False)  # of the last update, before clipping
+    per: str = field(default="sample", init=False)  # what one unit of its loss weight is (Mean's `per`)
 
     def __post_init__(self) -> None:
         self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
@@ -53,31 +54,6 @@ def only_training(stage: Stage, stages: list[Stage]) -> Iterator[None]:
     finally:
         for param in others:
             param.requires_grad_(True)
-
-
-def global_weight(losses: list[Mean], weight: torch.Tensor, world_size: int) -> Callable[[], torch.Tensor | float]:
-    """The sum of the weights of a stage's losses over the update's micro-steps and every rank, to read
-    after the last backward(), from `weight`, this rank's sum (`loss_totals`): unweighted losses on one
-    process are counted on the host, with nothing to run on the device; otherwise the sum goes over the
-    ranks now, while backward() runs."""
-    counts = [loss.count for loss in losses]
-    if world_size == 1 and None not in counts:
-        total = float(sum(counts))  # type: ignore[arg-type]
-        return lambda: total
-    return start_sum(weight.to(torch.float64, copy=True))
-
-
-def exact_factor(global_batch_size: int, weight: torch.Tensor | float) -> torch.Tensor | float | None:
-    """--global-batch-size / W, from the gradient of the fixed multiplier to the exact mean's; None where it
-    is exactly 1 (a full batch of unweighted losses, counted on the host)."""
-    if isinstance(weight, torch.Tensor):
-        return (global_batch_size / weight.clamp_min(1e-12)).float()
-    return None if weight == global_batch_size else global_batch_size / max(weight, 1e-12)
-
-
-def times(value: torch.Tensor, factor: torch.Tensor | float | None) -> torch.Tensor:
-    """`value * factor`, where a factor of None is exactly 1 (nothing to compute)."""
-    return value if factor is None else value * factor
 
 
 def loss_totals(losses: list[Mean]) -> torch.Tensor:
