@@ -128,6 +128,12 @@ def test_a_stream_is_refused_in_one_line_where_it_cannot_work(sampling):
     with pytest.raises(errors.DataError, match=r"the train stream gave no global batch \(fewer than 4 samples"):
         stream_of(sampling, 3, grad_accum_steps=4)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    # A mistake in data.py's make_batches (or in a function it hands tf.data) is one line naming its line.
+    mistaken = "def make_batches(dataset, size):\n    return dataset.batch(size).map(lambda batch: batch.nope)\n"
+    user_code: dict = {}
+    exec(compile("\n" * 40 + mistaken, str(Path(sampling.__file__).parents[1] / "data.py"), "exec"), user_code)
+    with pytest.raises(errors.RunError, match=r"^data\.py:42 failed in make_batches on the train stream: Attr"):
+        sampling.TrainSplit(strategy, numbers(103), settings(), user_code["make_batches"])
     with pytest.raises(errors.DataError, match="the val dataset repeats forever"):
         sampling.distribute_eval(strategy, tf.data.Dataset.range(5).repeat(), "val", settings(), sampling.make_batches)
 

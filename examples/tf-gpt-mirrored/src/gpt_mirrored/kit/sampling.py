@@ -141,7 +141,8 @@ class TrainSplit:
 
     def _one_pass(self, number: tf.Tensor) -> tf.data.Dataset:
         """Pass `number` in global batches with their positions (a short last one if each micro-batch gets a sample)."""
-        whole = self.make_batches(self.dataset, self.config.global_batch_size)
+        with in_your_code("in make_batches on the train stream"):
+            whole = self.make_batches(self.dataset, self.config.global_batch_size)
         kept = whole.filter(lambda *batch: rows(batch) >= self.splits)
         return kept.enumerate(start=1).map(lambda index, batch: (tf.stack([number, index]), batch))
 
