@@ -10,11 +10,12 @@ Launch:
 
 Read it top to bottom: `main` sets up the processes, `run` builds the model and data, `Trainer`
 builds the run (wrap, compile, optimizers, schedules), `fit` runs the epochs, `train_epoch` the
-updates, and `update` is one optimizer update: micro-steps, the exact loss scaling, backward,
-gradient sync, clipping, the step. distributed.py holds the strategy (DDP); your code lives in
-data.py, model.py, step.py, loss.py, metrics.py, optim.py, hooks.py and settings.py. kit/ holds the
-machinery that the loop calls in one line (checkpoints, data order, logs, config, messages): you
-never need to open it to follow a run. `--help` lists every flag, yours first.
+updates, `update` one update, and `update_stage` one optimizer's update: micro-steps, the exact
+loss scaling, backward, gradient sync, clipping, the step (a GAN's update runs it per optimizer).
+distributed.py holds the strategy (DDP); your files are data.py, model.py, step.py, loss.py,
+metrics.py, optim.py, hooks.py and settings.py. kit/ holds the machinery the loop calls in one line
+(checkpoints, data order, logs, config, messages): you never need to open it to follow a run.
+`--help` lists every flag, yours first.
 """
 
 import dataclasses
