@@ -176,22 +176,26 @@ def test_max_steps_ends_part_way_through_an_epoch(runs):
 
 
 def test_the_schedule_warms_up_then_decays_to_min_lr_and_an_optim_py_that_drops_it_is_refused():
-    from torch import nn
-
     from gpt_ddp.kit.config import TrainConfig
     from gpt_ddp.kit.errors import DataError
     from gpt_ddp.kit.schedules import check_floor, warmup_schedule
+    from gpt_ddp.model import build_model
     from gpt_ddp.optim import build_optimizer, build_scheduler
 
+    # optim.py's schedule over 10 updates, on model.py's network(s): the first optimizer's, with several.
     config = TrainConfig(lr=1e-3, warmup_steps=2, min_lr=1e-4)
-    optimizer = build_optimizer(nn.Linear(2, 2), config)
-    schedule = build_scheduler(optimizer, config, 10)
+    optimizers = build_optimizer(build_model(config), config)
+    schedules = build_scheduler(optimizers, config, 10)
+    optimizer, schedule = (
+        next(iter(built.values())) if isinstance(built, dict) else built for built in (optimizers, schedules)
+    )
+    peak = optimizer.param_groups[0]["initial_lr"]  # --lr, unless optim.py sets its own
     rates = []
     for _ in range(10):
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         schedule.step()
-    assert rates[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # warmup, then the peak
+    assert rates[:3] == pytest.approx([peak / 2, peak, peak])  # warmup, then the peak
     assert all(later < earlier for earlier, later in itertools.pairwise(rates[2:]))
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)  # after the last update: the floor
     check_floor(schedule, config.min_lr)
