@@ -155,14 +155,6 @@ def report(message: str, every_rank: bool = True) -> None:
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with contextlib.suppress(OSError):
             Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
-        group = sys.modules.get("torch.distributed")
-        joined = group is not None and group.is_available() and group.is_initialized()
-        if every_rank and not first_rank() and not joined:
-            # Before the ranks join (a mistake found at import or start), nothing orders their exits, and
-            # torchrun stops the others as soon as one exits: leaving first, this rank could stop rank 0
-            # before it says why. Rank 0 says it and exits, and torchrun then ends this wait. (Once joined,
-            # train.py's teardown waits for every rank before any leaves.)
-            time.sleep(10.0)
 
 
 def import_failure(error: Exception) -> str | None:
