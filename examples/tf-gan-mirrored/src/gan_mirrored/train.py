@@ -588,19 +588,20 @@ class TrainStep:
         # batch only then): a short batch is spread evenly, not left to the last micro-step.
         parts = self.config.grad_accum_steps
         micro_batches = [part(batch, index, parts) for index in range(parts)]
-        if len(self.stages) == 1:  # one optimizer: a micro-batch's loss is what train_step returns
-            forwards = [[functools.partial(self.train_loss, micro_batch) for micro_batch in micro_batches]]
-        else:  # several (a GAN): step.py yields one loss per stage, resumed after the previous stage's update
-            steps = [self.losses(micro_batch) for micro_batch in micro_batches]
-            forwards = [
-                [functools.partial(next_loss, losses, stage, self.stages) for losses in steps] for stage in self.stages
-            ]
+        # A micro-step's forward runs up to its stage's loss: with one optimizer, train_step's Mean; with several
+        # (a GAN), the loss step.py yields next, resumed stage by stage after the previous stage's update.
+        steps = [self.losses(micro_batch) for micro_batch in micro_batches] if len(self.stages) > 1 else []
         sums, applied = [], []
-        for stage, stage_forwards in zip(self.stages, forwards, strict=True):
+        for stage in self.stages:
             if self.jit_micro_step:  # --jit-compile (one optimizer): each micro-step runs whole, compiled by XLA
                 micro_steps = [functools.partial(self.jit_micro_step, micro_batch) for micro_batch in micro_batches]
             else:
-                micro_steps = [functools.partial(self._micro_step, stage, forward) for forward in stage_forwards]
+                forwards = (
+                    [functools.partial(next_loss, losses, stage, self.stages) for losses in steps]
+                    if steps
+                    else [functools.partial(self.train_loss, micro_batch) for micro_batch in micro_batches]
+                )
+                micro_steps = [functools.partial(self._micro_step, stage, forward) for forward in forwards]
             grads, total, weight = self._gradients(stage, micro_steps)
             # Under fp16 the gradients still carry the loss scale S (the LossScaleOptimizer divides it
             # out): their norm is S times the true one, and clipping S*g at S*max_norm clips g at max_norm.
@@ -619,8 +620,7 @@ class TrainStep:
             merge = functools.partial(self._apply_or_skip, stage)
             applied.append(tf.distribute.get_replica_context().merge_call(merge, args=(grads, finite, loss, norm)))
             sums.append(tf.cast(tf.stack([total, weight]), tf.float64))
-        if len(self.stages) > 1:
-            check_all_used(steps, self.stages)
+        check_all_used(steps, self.stages)
         return tf.stack(sums), tf.stack(applied), rows(batch)
 
     def _gradients(self, stage: Stage, micro_steps: Sequence[Callable[[], MicroStep]]) -> MicroStep:
