@@ -10,6 +10,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 from .kit.collect import Mean
 from .kit.config import TrainConfig
 from .kit.errors import ConfigError, StepError
+from .kit.sampling import rank_share
+
+if TYPE_CHECKING:
+    from .kit.stages import Stage
 
 # What the update multiplies the gradients by to make them the exact mean's; None where that is exactly 1.
 Factor = torch.Tensor | float | None
@@ -104,20 +109,6 @@ def teardown(wait_for_others: bool) -> None:
         dist.destroy_process_group()
 
 
-def explain_failure(error: BaseException) -> str | None:
-    """Say what a failed collective usually means; None for errors that are not about other ranks."""
-    text = str(error)
-    timeouts = ("Timed out", "timed out", "Watchdog caught collective operation timeout", "Application timeout")
-    if any(timeout in text for timeout in timeouts):  # the last: gloo's, when a collective in flight timed out
-        return (
-            "a collective timed out: another rank is stuck (a hang in data loading, or a collective it never "
-            "reached) or far slower; check every rank's log, or raise --dist-timeout-s for slow steps"
-        )
-    if "Connection closed by peer" in text or "Connection reset by peer" in text:
-        return "another rank died; its own log says why (look for the first error above)"
-    return None
-
-
 def wrap_model(model: nn.Module, runtime: Runtime) -> nn.Module:
     """Move the model to this rank's device and wrap it in DDP.
 
@@ -184,18 +175,41 @@ def start_sum(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
     return result
 
 
-def exact_factor(losses: list[Mean], weight: torch.Tensor, global_batch_size: int) -> Callable[[], Factor]:
+def exact_factor(
+    stage: "Stage", losses: list[Mean], weight: torch.Tensor, samples: int, global_batch_size: int
+) -> Callable[[], Factor]:
     """--global-batch-size / W, with W the weights of the update's losses summed over its micro-steps and every
-    rank (`weight`: this rank's sum), to read after the last backward(). With several ranks the sum starts now
-    and travels while backward() runs. A world of one counts unweighted losses on the host, with nothing to
-    run on the device: None for a full batch, where the factor is exactly 1."""
-    counts = [loss.count for loss in losses]
-    if dist.get_world_size() == 1 and None not in counts:
-        total = float(sum(counts))  # type: ignore[arg-type]
+    rank (`weight`: this rank's sum), to read after the last backward(); None where it is exactly 1.
+
+    Losses of one value per sample (unweighted) weigh the update's `samples`, which every rank knows:
+    nothing to sum, as in a hand-written loop. The ranks agree on that in the stage's first sum. Other
+    losses' W is summed at every update, while backward() runs. A world of one counts unweighted losses here.
+    """
+    world = dist.get_world_size()
+    counts = [loss.count for loss in losses if loss.count is not None]  # the unweighted losses' sizes
+    unweighted = len(counts) == len(losses)
+    share = rank_share(samples, world, len(losses), dist.get_rank())  # this rank's samples of the update
+    one_per_sample = unweighted and sum(counts) == share
+    if stage.counted and not one_per_sample:
+        raise StepError(
+            f"train_step's loss for {stage.name!r} held one value per sample at the first update but not now: the "
+            "ranks count such a loss's weight instead of summing it, so it must stay one value per sample; leave "
+            "samples out by weighting them 0 (Mean(losses, weights=kept)) rather than by dropping their values"
+        )
+    if stage.counted or (world == 1 and unweighted):
+        total = samples if stage.counted else sum(counts)
         factor = None if total == global_batch_size else global_batch_size / max(total, 1e-12)
         return lambda: factor
-    summed = start_sum(weight.to(torch.float64, copy=True))
-    return lambda: (global_batch_size / summed().clamp_min(1e-12)).float()
+    votes = torch.full((), float(one_per_sample), dtype=torch.float64, device=weight.device)
+    summed = start_sum(torch.stack([weight.to(torch.float64), votes]))  # with the ranks whose losses are counted
+
+    def exact() -> Factor:
+        total, voted = summed()
+        if stage.counted is None:  # the stage's first update: waits for the votes, once
+            stage.counted = bool(voted == world)
+        return (global_batch_size / total.clamp_min(1e-12)).float()
+
+    return exact
 
 
 def agree(decision: bool) -> bool:
@@ -249,17 +263,6 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     return [value.cpu() for value in gathered]
-
-
-def all_gather_rows(rows: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's rows (any number per rank, the same trailing shape), in rank order, on the CPU.
-
-    Collectives move equal shapes, so each rank pads to the longest and the padding is cut off.
-    """
-    sizes = [int(size) for size in all_gather(torch.tensor([len(rows)]))]
-    padded = torch.zeros((max(sizes), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-    padded[: len(rows)] = rows
-    return [part[:size] for part, size in zip(all_gather(padded), sizes, strict=True)]
 
 
 def barrier() -> None:

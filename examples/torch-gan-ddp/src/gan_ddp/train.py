@@ -38,6 +38,7 @@ from .kit.contract import message
 from .kit.errors import (
     ConfigError,
     RunError,
+    explain_failure,
     import_failure,
     in_your_code,
     report,
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as error:
         # A crash: leave at once so the other ranks fail fast instead of waiting for this one.
         distributed.teardown(wait_for_others=False)
-        reason = distributed.explain_failure(error)
+        reason = explain_failure(error)
         if reason is not None:
             report(f"error: {reason}", every_rank=False)
             return 1
@@ -310,7 +311,7 @@ class Trainer:
         for update in range(first, end):
             micro_batches, samples = self.loaders.next_update(batches, update)
             window_samples, epoch_samples = window_samples + samples, epoch_samples + samples
-            totals, applied = self.update(micro_batches, f"epoch {epoch + 1}, step {self.step}")
+            totals, applied = self.update(micro_batches, samples, f"epoch {epoch + 1}, step {self.step}")
             self.step += applied
             self.run.step = self.step
             self.hook("after_update", self.run)
@@ -347,24 +348,24 @@ class Trainer:
         self.samples_trained += epoch_samples
         return self.end_epoch(epoch, first, done)
 
-    def update(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
-        """One update from this rank's micro-batches; returns this rank's [loss total, weight] of each
-        optimizer, and whether an update was applied (`where` names it in messages)."""
+    def update(self, micro_batches: list[Any], samples: int, where: str) -> tuple[torch.Tensor, bool]:
+        """One update from this rank's micro-batches (`samples` over all ranks); returns this rank's [loss total,
+        weight] of each optimizer, and whether an update was applied (`where` names it in messages)."""
         for model in self.wrapped.values():
             distributed.check_trainable(model)  # hooks run between updates
         if len(self.stages) == 1:  # one optimizer: a micro-batch's loss is what train_step returns
             forwards = [functools.partial(self.train_loss, batch) for batch in micro_batches]
-            totals, applied = self.update_stage(self.stages[0], forwards, where)
+            totals, applied = self.update_stage(self.stages[0], forwards, samples, where)
             totals = totals[None]
         else:
-            totals, applied = self.update_each_optimizer(micro_batches, where)
+            totals, applied = self.update_each_optimizer(micro_batches, samples, where)
         if applied and self.ema is not None:
             self.ema.update()  # --ema-decay: the average follows every update applied
         self.profiler.step()
         return totals, applied
 
     def update_stage(
-        self, stage: Stage, forwards: Sequence[Callable[[], Mean]], where: str
+        self, stage: Stage, forwards: Sequence[Callable[[], Mean]], samples: int, where: str
     ) -> tuple[torch.Tensor, bool]:
         """One update of `stage`'s optimizer from this rank's micro-steps (`forwards[i]()` runs micro-step i's
         forward and returns its loss); returns this rank's [loss total, weight] and whether it was applied."""
@@ -378,9 +379,9 @@ class Trainer:
             with distributed.gradient_sync(stage.models, enabled=last):
                 with self.autocast():
                     losses.append(loss := forward())
-                if last:  # W is known: its sum over the ranks travels while this backward() runs
+                if last:  # W is known, counted or summed over the ranks while this backward() runs
                     totals = loss_totals(losses)  # this rank's [sum_i(w_i l_i), sum_i(w_i)], for the logs
-                    exact = distributed.exact_factor(losses, totals[1], self.config.global_batch_size)
+                    exact = distributed.exact_factor(stage, losses, totals[1], samples, self.config.global_batch_size)
                 # A fixed multiplier c = world_size / --global-batch-size (exact already for one
                 # loss per sample); after the rank average, grad = (c / W) * sum_i grad(w_i l_i).
                 stage.scaler.scale(loss.total * multiplier).backward()
@@ -419,7 +420,7 @@ class Trainer:
             loss = train_step(self.models, batch, self.config)
         return check_train_value(loss, self.stages[0].name)
 
-    def update_each_optimizer(self, micro_batches: list[Any], where: str) -> tuple[torch.Tensor, bool]:
+    def update_each_optimizer(self, micro_batches: list[Any], samples: int, where: str) -> tuple[torch.Tensor, bool]:
         """Several optimizers (a GAN): train_step is a generator that yields (name, Mean) once per optimizer,
         in optim.py's order. Each optimizer updates before the generators go on, so the next loss sees its
         new weights; while one runs, only its weights take gradients."""
@@ -429,7 +430,7 @@ class Trainer:
         for stage in self.stages:
             with only_training(stage, self.stages):
                 forwards = [functools.partial(next_loss, step, stage, self.stages) for step in steps]
-                stage_totals, stage_applied = self.update_stage(stage, forwards, where)
+                stage_totals, stage_applied = self.update_stage(stage, forwards, samples, where)
             totals.append(stage_totals)
             applied |= stage_applied
         check_all_used(steps, self.stages)

@@ -155,6 +155,22 @@ def report(message: str, every_rank: bool = True) -> None:
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with contextlib.suppress(OSError):
             Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
+        if every_rank and not first_rank():
+            _wait_for_the_first_local_rank(Path(error_file))
+
+
+def _wait_for_the_first_local_rank(error_file: Path) -> None:
+    """Wait (10 s at most) until local rank 0 has written its error file, so has printed its line.
+
+    torchrun stops every rank as soon as one exits: leaving first, this rank could stop rank 0 before it
+    says why, a mistake found before the ranks join (at import, in a flag) leaving no line at all.
+    """
+    if error_file.parent.name != os.environ.get("LOCAL_RANK"):
+        return  # not torchrun's layout (ATTEMPT/LOCAL_RANK/error.json): nothing to wait for
+    first = error_file.parent.parent / "0" / error_file.name
+    deadline = time.monotonic() + 10.0
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def import_failure(error: Exception) -> str | None:

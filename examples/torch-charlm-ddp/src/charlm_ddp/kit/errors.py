@@ -155,6 +155,36 @@ def report(message: str, every_rank: bool = True) -> None:
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with contextlib.suppress(OSError):
             Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
+        if every_rank and not first_rank():
+            _wait_for_the_first_local_rank(Path(error_file))
+
+
+def _wait_for_the_first_local_rank(error_file: Path) -> None:
+    """Wait (10 s at most) until local rank 0 has written its error file, so has printed its line.
+
+    torchrun stops every rank as soon as one exits: leaving first, this rank could stop rank 0 before it
+    says why, a mistake found before the ranks join (at import, in a flag) leaving no line at all.
+    """
+    if error_file.parent.name != os.environ.get("LOCAL_RANK"):
+        return  # not torchrun's layout (ATTEMPT/LOCAL_RANK/error.json): nothing to wait for
+    first = error_file.parent.parent / "0" / error_file.name
+    deadline = time.monotonic() + 10.0
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def explain_failure(error: BaseException) -> str | None:
+    """Say what a failed collective usually means; None for errors that are not about other ranks."""
+    text = str(error)
+    timeouts = ("Timed out", "timed out", "Watchdog caught collective operation timeout", "Application timeout")
+    if any(timeout in text for timeout in timeouts):  # the last: gloo's, when a collective in flight timed out
+        return (
+            "a collective timed out: another rank is stuck (a hang in data loading, or a collective it never "
+            "reached) or far slower; check every rank's log, or raise --dist-timeout-s for slow steps"
+        )
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        return "another rank died; its own log says why (look for the first error above)"
+    return None
 
 
 def several_models_hint(models: object) -> str:

@@ -101,6 +101,13 @@ def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
     return [items[bounds[part] : bounds[part + 1]] for part in range(parts)]
 
 
+def rank_share(samples: int, world_size: int, micro_steps: int, rank: int) -> int:
+    """This rank's samples of a global batch of `samples`, as the train samplers cut it (split_evenly into
+    micro_steps x world_size parts; micro-step m of rank r takes part m * world_size + r)."""
+    size, extra = divmod(samples, world_size * micro_steps)
+    return sum(size + (step * world_size + rank < extra) for step in range(micro_steps))
+
+
 class Samples(list[Any]):
     """The items of a batch, as the dataset gave them, with their indices in it: collate receives this
     list, and an item it cannot batch is named by its index in the dataset."""

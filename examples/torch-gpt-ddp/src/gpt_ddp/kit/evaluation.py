@@ -131,11 +131,22 @@ def _in_dataset_order(name: str, rows: dict[str, list[torch.Tensor]], real: int)
         raise StepError(
             f"eval_step's Gather {name!r} gave {len(local)} rows for {real} samples; give one row per sample"
         )
-    parts = distributed.all_gather_rows(local)
+    parts = _all_gather_rows(local)
     ordered = torch.empty((sum(len(part) for part in parts), *local.shape[1:]), dtype=local.dtype)
     for rank, part in enumerate(parts):
         ordered[rank :: len(parts)] = part
     return ordered
+
+
+def _all_gather_rows(rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's rows (any number per rank, the same trailing shape), in rank order, on the CPU.
+
+    Collectives move equal shapes, so each rank pads to the longest and the padding is cut off.
+    """
+    sizes = [int(size) for size in distributed.all_gather(torch.tensor([len(rows)]))]
+    padded = torch.zeros((max(sizes), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    padded[: len(rows)] = rows
+    return [part[:size].cpu() for part, size in zip(distributed.all_gather(padded), sizes, strict=True)]
 
 
 def finite_or_raise(record: dict[str, Any], where: str) -> None:

@@ -38,6 +38,8 @@ class Stage:
     params: list[torch.nn.Parameter] = field(init=False)
     grad_norm: torch.Tensor | None = field(default=None, init=False)  # of the last update, before clipping
     per: str = field(default="sample", init=False)  # what one unit of its loss weight is (Mean's `per`)
+    # Whether every rank's loss is one value per sample, so that W is the update's samples (distributed.exact_factor)
+    counted: bool | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
