@@ -533,19 +533,20 @@ def test_optim_py_gets_the_model_as_built_so_its_own_methods_work_on_every_strat
 
 COUNTED_SUMS = """
 
+import sys
 from pathlib import Path
 
-import torch.distributed
+from . import distributed
 
-_all_reduce, SUMS = torch.distributed.all_reduce, []
-
-
-def _counted(tensor, *args, **kwargs):
-    SUMS.append(kwargs.get("async_op", False))  # True: an update's sum of the loss weight W
-    return _all_reduce(tensor, *args, **kwargs)
+_start_sum, SUMS = distributed.start_sum, []
 
 
-torch.distributed.all_reduce = _counted
+def _counted(tensor):
+    SUMS.append(sys._getframe(1).f_code.co_name == "exact_factor")  # True: an update's sum of the loss weight
+    return _start_sum(tensor)
+
+
+distributed.start_sum = _counted
 _Hooks = Hooks
 
 
@@ -555,33 +556,38 @@ class Hooks(_Hooks):
             (Path(self.config.run_dir) / "weight_sums").write_text(str(sum(SUMS)))
 """
 WEIGHTED = "    return Mean(losses := per_sample_loss(model(inputs), targets), weights=torch.ones_like(losses))"
+DOUBLED = "    return Mean(torch.cat([losses := per_sample_loss(model(inputs), targets), losses]))"
 DROPPING = """    losses = per_sample_loss(model(inputs), targets)
     global CALLS
     CALLS = globals().get("CALLS", 0) + 1
     return Mean(losses[1:] if CALLS > 4 else losses)  # from the third update, one sample left out"""
 
 
-def test_a_loss_of_one_value_per_sample_is_counted_not_summed_over_the_ranks(tmp_path):
-    """A per-sample loss's weight W is the update's sample count, which the sampler gives every rank: after the
-    ranks agree on that at the first update, no update sums W (a hand-written loop sums nothing), and two ranks
-    with accumulation and a short last batch still train like one. A weighted loss sums W at every update (the
-    count would catch a loop that sums always); a loss that stops being one value per sample is refused."""
+def test_an_unweighted_losses_weight_is_counted_not_summed_over_the_ranks(tmp_path):
+    """An unweighted loss of k values per sample weighs k x the update's samples, which the sampler gives every
+    rank: after the ranks agree on k in the first update's sum, no update sums W (a hand-written loop sums
+    nothing), and two ranks with accumulation and a short last batch still train like one, for k = 1 and 2. A
+    weighted loss sums W at every update (the count would catch a loop that sums always); a loss whose count
+    stops being k per sample is refused, not trained on with a wrong W."""
     project = tmp_path / "project"
     assert looptpl("new", str(project), "--backend", "torch", "--strategy", "ddp", "--no-git").exit_code == 0
     package = project / "src" / "project"
     (package / "hooks.py").write_text((package / "hooks.py").read_text() + COUNTED_SUMS)
-    weighted, dropping = (copy_project(project, tmp_path / name) for name in ("weighted", "dropping"))
     default = "    return Mean(per_sample_loss(model(inputs), targets))"
-    edit(weighted, "step.py", default, WEIGHTED)
-    edit(weighted, "step.py", "from torch import nn", "import torch\nfrom torch import nn")
-    edit(dropping, "step.py", default, DROPPING)
+    edits = {"weighted": WEIGHTED, "doubled": DOUBLED, "dropping": DROPPING}
+    for name, step in edits.items():
+        copy_project(project, tmp_path / name)
+        edit(tmp_path / name, "step.py", default, step)
+        edit(tmp_path / name, "step.py", "from torch import nn", "import torch\nfrom torch import nn")
     flags = ("--epochs", "2", "--grad-accum-steps", "2")  # 1,003 samples: 16 updates an epoch, the last of 43
+    dropping = tmp_path / "dropping"
     in_parallel(
         lambda: train_torch(project, tmp_path / "one", *flags),
         lambda: train_torch(project, tmp_path / "two", *flags, ranks=2),
+        lambda: train_torch(tmp_path / "doubled", tmp_path / "two-doubled", *flags, ranks=2),
     )
     _, dropped = in_parallel(
-        lambda: train_torch(weighted, tmp_path / "weighted", *flags, ranks=2),
+        lambda: train_torch(tmp_path / "weighted", tmp_path / "two-weighted", *flags, ranks=2),
         lambda: run(
             [sys.executable, "-m", "project.train", "--run-dir", str(tmp_path / "dropped"), "--device", "cpu", *flags],
             cwd=dropping,
@@ -590,10 +596,11 @@ def test_a_loss_of_one_value_per_sample_is_counted_not_summed_over_the_ranks(tmp
             ranks=2,
         ),
     )
-    assert relative_difference(trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")) < 1e-5
-    assert (tmp_path / "two" / "weight_sums").read_text() == "1"  # the first update's, which agrees
-    assert (tmp_path / "weighted" / "weight_sums").read_text() == "32"
+    one = trained_weights(tmp_path / "one")
+    for name in ("two", "two-doubled"):
+        assert relative_difference(one, trained_weights(tmp_path / name)) < 1e-5, name
+        assert (tmp_path / name / "weight_sums").read_text() == "1", name  # the first update's, which agrees
+    assert (tmp_path / "two-weighted" / "weight_sums").read_text() == "32"
     assert dropped.returncode == 1 and not (tmp_path / "dropped" / "weight_sums").exists()
-    assert "error: train_step's loss for 'model' held one value per sample at the first update but not now" in (
-        dropped.stdout
-    )
+    refused = "error: train_step's loss for 'model' gave 1 per sample (unweighted) at first, not now"
+    assert refused in dropped.stdout, dropped.stdout[-3000:]

@@ -159,8 +159,7 @@ def gradient_sync(models: list[nn.Module], enabled: bool) -> Iterator[None]:
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks, in place, and return it. Every rank must call it."""
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+    return start_sum(tensor)()
 
 
 def start_sum(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -181,33 +180,34 @@ def exact_factor(
     """--global-batch-size / W, with W the weights of the update's losses summed over its micro-steps and every
     rank (`weight`: this rank's sum), to read after the last backward(); None where it is exactly 1.
 
-    Losses of one value per sample (unweighted) weigh the update's `samples`, which every rank knows:
-    nothing to sum, as in a hand-written loop. The ranks agree on that in the stage's first sum. Other
-    losses' W is summed at every update, while backward() runs. A world of one counts unweighted losses here.
+    Unweighted losses of k values per sample (one per sample, or per token of fixed-length windows) weigh k
+    times the update's `samples`, which every rank knows: nothing to sum, as in a hand-written loop. The ranks
+    agree on k in the stage's first sum of W. Other losses' W is summed at every update, while backward() runs.
     """
     world = dist.get_world_size()
     counts = [loss.count for loss in losses if loss.count is not None]  # the unweighted losses' sizes
     unweighted = len(counts) == len(losses)
     share = rank_share(samples, world, len(losses), dist.get_rank())  # this rank's samples of the update
-    one_per_sample = unweighted and sum(counts) == share
-    if stage.counted and not one_per_sample:
+    per_sample = sum(counts) / share if unweighted and sum(counts) % share == 0 else 0.0  # 0: not a whole k
+    if stage.values_per_sample and per_sample != stage.values_per_sample:
         raise StepError(
-            f"train_step's loss for {stage.name!r} held one value per sample at the first update but not now: the "
-            "ranks count such a loss's weight instead of summing it, so it must stay one value per sample; leave "
-            "samples out by weighting them 0 (Mean(losses, weights=kept)) rather than by dropping their values"
+            f"train_step's loss for {stage.name!r} gave {stage.values_per_sample:g} per sample (unweighted) at first, "
+            "not now: the ranks count its weight, not sum it; leave values out by weight 0 (Mean(losses, weights=kept))"
         )
-    if stage.counted or (world == 1 and unweighted):
-        total = samples if stage.counted else sum(counts)
+    if stage.values_per_sample or (world == 1 and unweighted):  # a world of one counts on the host
+        total = stage.values_per_sample * samples if stage.values_per_sample else sum(counts)
         factor = None if total == global_batch_size else global_batch_size / max(total, 1e-12)
         return lambda: factor
-    votes = torch.full((), float(one_per_sample), dtype=torch.float64, device=weight.device)
-    summed = start_sum(torch.stack([weight.to(torch.float64), votes]))  # with the ranks whose losses are counted
+    first = stage.values_per_sample is None  # the ranks vote on k beside W: its sum and its squares' sum
+    votes = weight.new_tensor([per_sample, per_sample**2] if first else [], dtype=torch.float64)
+    summed = start_sum(torch.cat([weight.to(torch.float64).reshape(1), votes]))
 
     def exact() -> Factor:
-        total, voted = summed()
-        if stage.counted is None:  # the stage's first update: waits for the votes, once
-            stage.counted = bool(voted == world)
-        return (global_batch_size / total.clamp_min(1e-12)).float()
+        sums = summed()
+        if first:  # all ranks' k alike (and whole), or none counted
+            _, k, squares = sums.tolist()
+            stage.values_per_sample = k / world if k > 0 and world * squares == k * k else 0.0
+        return (global_batch_size / sums[0].clamp_min(1e-12)).float()
 
     return exact
 

@@ -38,8 +38,9 @@ class Stage:
     params: list[torch.nn.Parameter] = field(init=False)
     grad_norm: torch.Tensor | None = field(default=None, init=False)  # of the last update, before clipping
     per: str = field(default="sample", init=False)  # what one unit of its loss weight is (Mean's `per`)
-    # Whether every rank's loss is one value per sample, so that W is the update's samples (distributed.exact_factor)
-    counted: bool | None = field(default=None, init=False)
+    # k: every rank's loss holds k unweighted values per sample, so W is k x the update's samples (0: not so, None:
+    # not known before the first update; distributed.exact_factor)
+    values_per_sample: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.params = [param for group in self.optimizer.param_groups for param in group["params"]]
