@@ -14,9 +14,14 @@ from .metrics import batch_metrics
 
 
 def train_step(model: nn.Module, batch: Any, config: TrainConfig) -> Mean:
-    """The mean loss over the real tokens of the micro-batch, which the engine extends to the global batch."""
-    losses, mask = per_token_loss(model(batch["input_ids"]), batch["labels"])
-    return Mean(losses, weights=mask, per="token")
+    """The mean loss over the tokens of the micro-batch, which the engine extends to the global batch.
+
+    A window has no padding, so every position counts and the loss needs no weights: its weight (64 tokens a
+    window) is then counted on every rank, not summed over the ranks at each update. Data that pads would
+    pass `weights=mask`, as eval_step does.
+    """
+    losses, _ = per_token_loss(model(batch["input_ids"]), batch["labels"])
+    return Mean(losses, per="token")
 
 
 def eval_step(model: nn.Module, batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:
