@@ -199,8 +199,8 @@ def exact_factor(
         factor = None if total == global_batch_size else global_batch_size / max(total, 1e-12)
         return lambda: factor
     first = stage.values_per_sample is None  # the ranks vote on k beside W: its sum and its squares' sum
-    votes = weight.new_tensor([per_sample, per_sample**2] if first else [], dtype=torch.float64)
-    summed = start_sum(torch.cat([weight.to(torch.float64).reshape(1), votes]))
+    votes = [weight.new_tensor([per_sample, per_sample**2], dtype=torch.float64)] if first else []
+    summed = start_sum(torch.cat([weight.to(torch.float64).reshape(1), *votes]))
 
     def exact() -> Factor:
         sums = summed()

@@ -22,6 +22,7 @@ its values are dropped, so every sample counts exactly once.
 import _random
 import contextlib
 import ctypes
+import itertools
 import random
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -96,16 +97,20 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
 
 def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
     """Consecutive parts whose sizes differ by at most one, the longer first (as torch.tensor_split cuts)."""
-    size, extra = divmod(len(items), parts)
-    bounds = [part * size + min(part, extra) for part in range(parts + 1)]
+    bounds = [0, *itertools.accumulate(part_sizes(len(items), parts))]
     return [items[bounds[part] : bounds[part + 1]] for part in range(parts)]
+
+
+def part_sizes(total: int, parts: int) -> list[int]:
+    """The sizes of split_evenly's parts of `total` items."""
+    size, extra = divmod(total, parts)
+    return [size + (part < extra) for part in range(parts)]
 
 
 def rank_share(samples: int, world_size: int, micro_steps: int, rank: int) -> int:
     """This rank's samples of a global batch of `samples`, as the train samplers cut it (split_evenly into
     micro_steps x world_size parts; micro-step m of rank r takes part m * world_size + r)."""
-    size, extra = divmod(samples, world_size * micro_steps)
-    return sum(size + (step * world_size + rank < extra) for step in range(micro_steps))
+    return sum(part_sizes(samples, world_size * micro_steps)[rank::world_size])
 
 
 class Samples(list[Any]):
