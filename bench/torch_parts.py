@@ -76,7 +76,7 @@ def main() -> int:
 
     batches = -(-args.train_size // args.batch_size)
     parts = {
-        "update": (lambda: trainer.update([(inputs, targets)], "bench"), hand_update, 100, 1),
+        "update": (lambda: trainer.update([(inputs, targets)], args.batch_size, "bench"), hand_update, 100, 1),
         "data path": (generated_epoch, hand_epoch, 1, batches),
     }
     print(f"torch {torch.__version__}, 1 thread; batch {args.batch_size}; minimum of {args.rounds} interleaved rounds")

@@ -97,6 +97,8 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
 
 def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
     """Consecutive parts whose sizes differ by at most one, the longer first (as torch.tensor_split cuts)."""
+    if parts == 1:
+        return [items]
     bounds = [0, *itertools.accumulate(part_sizes(len(items), parts))]
     return [items[bounds[part] : bounds[part + 1]] for part in range(parts)]
 
@@ -114,12 +116,17 @@ def rank_share(samples: int, world_size: int, micro_steps: int, rank: int) -> in
 
 
 class Samples(list[Any]):
-    """The items of a batch, as the dataset gave them, with their indices in it: collate receives this
-    list, and an item it cannot batch is named by its index in the dataset."""
+    """The items of a batch, as the dataset gave them, with their keys: collate receives this list, and an
+    item it cannot batch is named by its index in the dataset."""
 
-    def __init__(self, items: Iterable[Any], indices: Sequence[int] = ()) -> None:
+    def __init__(self, items: Iterable[Any], keys: Sequence[int] | Sequence[tuple[int, int]] = ()) -> None:
         super().__init__(items)
-        self.indices = indices
+        self.keys = keys  # dataset indices, or the train sampler's (epoch, index) pairs
+
+    @property
+    def indices(self) -> list[int]:
+        """The items' indices in the dataset (read only to name an item in an error)."""
+        return [key if isinstance(key, int) else key[1] for key in self.keys]
 
 
 class SeededSamples(Dataset):
@@ -152,9 +159,9 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Samples:
         """The samples of a batch (the DataLoader asks for a whole batch at once)."""
-        indices = [index for _, index in keys]
         if not self.draws:
-            return Samples([self.dataset[index] for index in indices], indices)
+            return Samples([self.dataset[index] for _, index in keys], keys)
+        indices = [index for _, index in keys]
         callers = generator_states()
         try:
             while True:
@@ -162,7 +169,7 @@ class SeededSamples(Dataset):
                 drawn = moved_since(callers, GENERATORS - self.seeded)
                 if not drawn:  # then seeding the others would have changed nothing
                     restore_generators(callers, self.seeded)  # the others are as they were
-                    return Samples(items, indices)
+                    return Samples(items, keys)
                 self.seeded |= drawn
         except BaseException:
             restore_generators(callers, GENERATORS)

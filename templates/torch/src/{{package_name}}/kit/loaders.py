@@ -143,6 +143,8 @@ class Loaders:
 
     def to_device(self, batch: Any) -> Any:
         """Move every tensor of a batch (nested in tuples, lists and dicts) to the device, without waiting."""
+        if self.device.type == "cpu":
+            return batch  # the loader's batches are on the CPU already
         if isinstance(batch, torch.Tensor):
             return batch.to(self.device, non_blocking=True)
         if isinstance(batch, dict):
