@@ -59,6 +59,13 @@ VARIANTS = (
         "python -m PKG.kit.launch --workers N",
         "python -m PKG.kit.launch --workers 2 -- --epochs 3",
     ),
+    Variant(
+        "jax",
+        "data-parallel",
+        "A mesh over every device of every process: batches sharded, weights replicated (or N CPU devices).",
+        "python -m PKG.train [--cpu-devices N]",
+        "python -m PKG.train --cpu-devices 2 --epochs 3",
+    ),
 )
 
 BACKENDS = tuple(dict.fromkeys(variant.backend for variant in VARIANTS))
