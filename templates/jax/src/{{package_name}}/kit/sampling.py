@@ -46,7 +46,8 @@ class TrainOrder:
     def __init__(self, size: int, global_batch_size: int, grad_accum_steps: int, seed: int) -> None:
         if size < 1:
             raise DataError("data.py: the train set is empty")
-        self.size, self.global_batch_size, self.grad_accum_steps, self.seed = size, global_batch_size, grad_accum_steps, seed
+        self.size, self.global_batch_size, self.grad_accum_steps = size, global_batch_size, grad_accum_steps
+        self.seed = seed
         self.updates_per_epoch = -(-size // global_batch_size)
         self._epoch, self._order = -1, np.arange(0)
 
