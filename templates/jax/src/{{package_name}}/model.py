@@ -7,6 +7,7 @@ import jax
 from flax import nnx
 
 from .data import NUM_CLASSES, NUM_FEATURES
+from .kit.api import dropout
 from .kit.config import TrainConfig
 
 
@@ -18,7 +19,8 @@ class Classifier(nnx.Module):
         self.output = nnx.Linear(hidden_size, NUM_CLASSES, rngs=rngs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        return self.output(nnx.relu(self.hidden(inputs)))
+        # kit.api.dropout draws each sample's mask from its own key: the same on any device count.
+        return self.output(dropout(nnx.relu(self.hidden(inputs)), 0.1, "hidden"))
 
 
 def build_model(config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
