@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from looptpl.cli import app
-from looptpl.variants import VARIANTS
+from looptpl.variants import VARIANTS, Variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO_ROOT / "templates" / "shared" / "tests"))
@@ -275,17 +275,29 @@ def check_subset_runs(root: Path, code: str, in_order: str) -> None:
         assert {name: summary[name] for name in figures} == pytest.approx(figures, rel=1e-5)
 
 
+def variant_key(variant: Variant) -> str:
+    """A variant's name in these tests: its strategy, or backend-strategy where an earlier backend has that
+    strategy name too (jax-single)."""
+    first = next(other for other in VARIANTS if other.strategy == variant.strategy)
+    return variant.strategy if first is variant else f"{variant.backend}-{variant.strategy}"
+
+
+# Every variant's name in these tests, in variants.py's order; and the backend of each.
+KEYS = [variant_key(variant) for variant in VARIANTS]
+BACKEND_OF = {variant_key(variant): variant.backend for variant in VARIANTS}
+
+
 @pytest.fixture(scope="session")
 def projects(tmp_path_factory) -> dict[str, Path]:
-    """One rendered project per variant, named after its strategy (once per pytest-xdist worker that asks)."""
+    """One rendered project per variant, named after its key (once per pytest-xdist worker that asks)."""
     root = tmp_path_factory.mktemp("projects")
     rendered = {}
     for variant in VARIANTS:
-        name = variant.strategy.replace("-", "_")
-        destination = root / name
+        key = variant_key(variant)
+        destination = root / key.replace("-", "_")
         result = looptpl("new", str(destination), "--backend", variant.backend, "--strategy", variant.strategy)
         assert result.exit_code == 0, result.stderr
-        rendered[variant.strategy] = destination
+        rendered[key] = destination
     # torch does not depend on numpy, so neither may the generated loop: `train` hides it from the runs
     # (but from fsdp on several ranks: its sharded checkpoints use torch.distributed.checkpoint, which needs numpy).
     (root / "no_numpy" / "numpy").mkdir(parents=True)

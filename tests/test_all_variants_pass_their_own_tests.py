@@ -10,17 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import package_of, run
-
-from looptpl.variants import VARIANTS
+from conftest import BACKEND_OF, KEYS, package_of, run
 
 # Each backend's variant whose project's suite runs whole; the others run what differs from it.
-REFERENCE = {"torch": "single", "tensorflow": "one-device"}
+REFERENCE = {"torch": "single", "tensorflow": "one-device", "jax": "jax-single"}
 
 
 def reference_of(projects: dict[str, Path], strategy: str) -> Path:
-    backend = next(variant.backend for variant in VARIANTS if variant.strategy == strategy)
-    return projects[REFERENCE[backend]]
+    return projects[REFERENCE[BACKEND_OF[strategy]]]
 
 
 def reads_alike(project: Path, reference: Path, name: str) -> bool:
@@ -64,7 +61,7 @@ def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
 # 6-7, single and mirrored 4): a class each, which pytest-xdist's loadscope hands to a worker of its own. Each
 # worker starts with two classes: one takes one-device then multi-worker, the other ddp then fsdp, so the two
 # TensorFlow suites that start the most processes at once do not run side by side.
-SUITE_ORDER = ("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored")
+SUITE_ORDER = ("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored", "data-parallel", "jax-single")
 
 
 def suite_test(strategy: str) -> type:
@@ -93,4 +90,4 @@ def test_every_variant_shares_its_backends_test_helpers_so_only_what_differs_run
 
 def test_every_variant_has_a_suite_class():
     """A variant missing from SUITE_ORDER would have its project's suite run nowhere."""
-    assert sorted(SUITE_ORDER) == sorted(variant.strategy for variant in VARIANTS)
+    assert sorted(SUITE_ORDER) == sorted(KEYS)

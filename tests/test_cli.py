@@ -120,7 +120,7 @@ def test_paths_with_spaces_and_non_ascii_characters(tmp_path):
 
 
 BAD_INPUTS = {
-    "unknown backend": (["--backend", "jax"], "--backend jax is not supported"),
+    "unknown backend": (["--backend", "mxnet"], "--backend mxnet is not supported"),
     "foreign strategy": (
         ["--backend", "torch", "--strategy", "mirrored"],
         "--strategy mirrored is a tensorflow strategy",
@@ -177,13 +177,14 @@ def test_copier_yml_offers_exactly_the_variants_looptpl_knows():
 
     questions = yaml.safe_load((REPO_ROOT / "copier.yml").read_text())
     assert list(questions["backend"]["choices"].values()) == list(BACKENDS)
-    assert list(questions["strategy"]["choices"].values()) == [variant.strategy for variant in VARIANTS]
+    # Each strategy name once (JAX's single is torch's name), in variants.py's order of first appearance.
+    assert list(questions["strategy"]["choices"].values()) == list(dict.fromkeys(v.strategy for v in VARIANTS))
     validator = questions["strategy"]["validator"]
     for backend, listed in zip(BACKENDS, re.findall(r"_strategies = \[(.*?)\]", validator), strict=True):
         assert re.findall(r"'([a-z-]+)'", listed) == strategies(backend)
-    # "{{ 'single' if backend == 'torch' else 'one-device' }}": each backend's first strategy.
-    defaults = re.findall(r"'([a-z-]+)'", questions["strategy"]["default"])
-    assert defaults == [strategies("torch")[0], "torch", strategies("tensorflow")[0]]
+    # "{{ {'torch': 'single', ...}[backend] }}": each backend's first strategy.
+    defaults = dict(re.findall(r"'([a-z]+)': '([a-z-]+)'", questions["strategy"]["default"]))
+    assert defaults == {backend: strategies(backend)[0] for backend in BACKENDS}
 
 
 def installed_modules(distribution: str) -> set[str]:
@@ -215,7 +216,7 @@ def installed_modules(distribution: str) -> set[str]:
     return {module for module in modules if re.fullmatch(r"[a-z][a-z0-9_]*", module)}
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow-cpu", "pytest"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow-cpu", "jax", "flax", "optax", "orbax-checkpoint", "pytest"])
 def test_no_package_name_shadows_what_the_framework_installs(framework):
     """Checked against what is installed here: a package named like any of these would be imported in its place."""
     from looptpl.validation import package_name_problem
@@ -363,9 +364,9 @@ def test_a_failure_after_rendering_leaves_nothing_behind(tmp_path, monkeypatch):
 
 
 def test_bad_input_as_a_subprocess_has_no_traceback(tmp_path):
-    result = run([sys.executable, "-m", "looptpl", "new", str(tmp_path / "p"), "--backend", "jax"], cwd=tmp_path)
+    result = run([sys.executable, "-m", "looptpl", "new", str(tmp_path / "p"), "--backend", "mxnet"], cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stdout.strip() == "error: --backend jax is not supported; choose one of: torch, tensorflow"
+    assert result.stdout.strip() == "error: --backend mxnet is not supported; choose one of: torch, tensorflow, jax"
 
 
 def test_todo_lists_what_is_left_and_fails_until_done(tmp_path):
@@ -540,10 +541,10 @@ def finish(child: pexpect.spawn) -> str:
 
 def test_new_in_a_terminal_asks_each_question_and_uses_the_answers(tmp_path):
     child = terminal(["new", "my-folder"], tmp_path)
-    child.expect_exact("Backend (torch, tensorflow) [torch]: ")
-    child.sendline("jax")
-    child.expect_exact("Error: choose one of: torch, tensorflow")  # asked again, not a crash
-    child.expect_exact("Backend (torch, tensorflow) [torch]: ")
+    child.expect_exact("Backend (torch, tensorflow, jax) [torch]: ")
+    child.sendline("mxnet")
+    child.expect_exact("Error: choose one of: torch, tensorflow, jax")  # asked again, not a crash
+    child.expect_exact("Backend (torch, tensorflow, jax) [torch]: ")
     child.sendline("tensorflow")
     child.expect_exact("multi-worker  MultiWorkerMirroredStrategy")  # each strategy with when to use it
     child.expect_exact("Strategy (one-device, mirrored, multi-worker) [one-device]: ")  # the backend's only
@@ -651,11 +652,12 @@ def complete(words: str, shell: str = "bash") -> list[str]:
 
 def test_completion_offers_backends_and_the_backends_strategies():
     assert complete("looptpl n") == ["new"]
-    assert complete("looptpl new proj --backend ") == ["torch", "tensorflow"]
+    assert complete("looptpl new proj --backend ") == ["torch", "tensorflow", "jax"]
     assert complete("looptpl new proj --backend t") == ["torch", "tensorflow"]
     assert complete("looptpl new proj --backend torch --strategy ") == ["single", "ddp", "fsdp"]
     assert complete("looptpl new proj --backend tensorflow --strategy m") == ["mirrored", "multi-worker"]
-    assert complete("looptpl new proj --strategy ") == [variant.strategy for variant in VARIANTS]
+    assert complete("looptpl new proj --strategy ") == list(dict.fromkeys(variant.strategy for variant in VARIANTS))
+    assert complete("looptpl new proj --backend jax --strategy ") == ["single", "data-parallel"]
     zsh = "\n".join(complete("looptpl new proj --strategy d", shell="zsh"))
     assert '"ddp":"DistributedDataParallel\\\\: one process per GPU, one or many nodes"' in zsh
 

@@ -37,13 +37,14 @@ from conftest import REPO_ROOT, run
 DOCS = REPO_ROOT / "docs"
 QUICK_START = "looptpl new myproj --backend torch --strategy ddp --defaults"
 TF_STRATEGIES = ("one-device", "mirrored", "multi-worker")
-# The projects a command can run in: the quick start's (torch) and one per TensorFlow strategy.
+# The projects a command can run in: the quick start's (torch), one per TensorFlow strategy, and JAX's mesh.
 PROJECTS = {
     "torch": QUICK_START,
     **{
         strategy: f"looptpl new myproj --backend tensorflow --strategy {strategy} --defaults"
         for strategy in TF_STRATEGIES
     },
+    "jax": "looptpl new myproj --backend jax --strategy data-parallel --defaults",
 }
 TRAIN_HELP = "python -m myproj.train --help"
 TIMEOUT_S = 300
@@ -96,6 +97,14 @@ RUN = (
     ),
     Run(rf"{TRAIN} --device cpu --epochs [1-3]", "scratch", "test_loss"),
     Run(rf"{TRAIN} --cpu-replicas 2 --epochs [1-3]", "scratch", "test_loss", project="mirrored"),
+    Run(r"looptpl new myproj --backend jax --strategy (single|data-parallel) --defaults", "scratch", "Created"),
+    Run(rf"{TRAIN} --cpu-devices 2 --epochs [1-3]", "scratch", "test_loss", project="jax"),
+    Run(
+        r"python -m myproj\.kit\.launch --processes 2 -- --cpu-devices 1 --epochs [1-3]",
+        "scratch",
+        "test_loss",
+        project="jax",
+    ),
     Run(
         r"torchrun --standalone --nproc-per-node 2 -m myproj\.train --device cpu --epochs [1-3]", "scratch", "test_loss"
     ),
@@ -406,6 +415,8 @@ HELP_COMMANDS = (
     ("torch", "torchrun --help"),
     *((strategy, TRAIN_HELP) for strategy in TF_STRATEGIES),
     ("multi-worker", "python -m myproj.kit.launch --help"),
+    ("jax", TRAIN_HELP),
+    ("jax", "python -m myproj.kit.launch --help"),
 )
 
 
@@ -605,9 +616,10 @@ def test_flags_in_commands_exist(exercised):
         if "myproj.kit.launch" in words and "--" in words:
             # launch.py's own flags come before --, the trainer's after it.
             own, train = words[words.index("myproj.kit.launch") + 1 : words.index("--")], words[words.index("--") + 1 :]
-            known = flags_of("multi-worker", "python -m myproj.kit.launch --help")
+            launcher = "jax" if project == "jax" else "multi-worker"  # TensorFlow's launch.py, or JAX's
+            known = flags_of(launcher, "python -m myproj.kit.launch --help")
             problems += [f"{command!r}: launch.py has no {flag}" for flag in sorted({*own} - known) if flag[:2] == "--"]
-            unknown = {word for word in train if word.startswith("--")} - flags_of("multi-worker", TRAIN_HELP)
+            unknown = {word for word in train if word.startswith("--")} - flags_of(launcher, TRAIN_HELP)
             problems += [f"{command!r}: the trainer has no {flag}" for flag in sorted(unknown)]
     assert not problems, "\n".join(problems)
 

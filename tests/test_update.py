@@ -665,6 +665,31 @@ def test_update_switches_strategy_and_shows_what_your_files_newly_need(tmp_path,
     assert after.returncode == 0, after.stdout
 
 
+def test_a_jax_project_switches_to_data_parallel_keeping_your_files_and_trains_on_two_devices(tmp_path, install):
+    install(V1)
+    project = tmp_path / "proj"
+    created = looptpl("new", str(project), "--backend", "jax", "--strategy", "single")
+    assert created.exit_code == 0, created.stderr
+    package = project / "src" / "proj"
+    model = package / "model.py"
+    model.write_text(model.read_text().replace("# TODO(model)", "# DONE(model)", 1))
+    git(project, "commit", "-qam", "My model")
+    mine = model.read_text()
+
+    refused = looptpl("update", str(project), "--strategy", "ddp")
+    assert refused.exit_code == 2 and "a torch strategy and this project is jax code" in refused.stderr
+    result = looptpl("update", str(project), "--strategy", "data-parallel")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert answers(project)["strategy"] == "data-parallel"
+    assert "make_array_from_process_local_data" in (package / "distributed.py").read_text()  # the engine follows
+    assert (project / "tests" / "test_distributed.py").exists()
+    assert model.read_text() == mine  # yours, untouched
+    train = [sys.executable, "-m", "proj.train", "--cpu-devices", "2", "--epochs", "1", "--no-progress"]
+    environment = {**os.environ, "PYTHONPATH": str(project / "src")}
+    trained = run([*train, "--run-dir", str(tmp_path / "run")], cwd=project, env=environment)
+    assert trained.returncode == 0, trained.stdout
+
+
 def test_an_update_after_a_strategy_switch_names_no_file_as_deleted(tmp_path, install):
     # fsdp -> single drops the Slurm script and the distributed tests; a later update must not call
     # them files the user deleted (they are not the switched project's any more).

@@ -81,10 +81,13 @@ def complete_backend(incomplete: str) -> list[str]:
 def complete_strategy(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Shell completion for --strategy: the strategies of the --backend already typed (all without one)."""
     backend = ctx.params.get("backend")
-    return [
-        (variant.strategy, variant.when.split(";")[0])  # the first clause fits beside the value (zsh, fish)
-        for variant in VARIANTS
+    offered = {
+        variant.strategy: variant.when.split(";")[0]  # the first clause fits beside the value (zsh, fish)
+        for variant in reversed(VARIANTS)  # a name two backends share is described as its first backend's
         if variant.strategy.startswith(incomplete) and backend in (None, variant.backend)
+    }
+    return [
+        (strategy, offered[strategy]) for strategy in dict.fromkeys(v.strategy for v in VARIANTS) if strategy in offered
     ]
 
 
@@ -235,7 +238,7 @@ def list_variants() -> None:
     from looptpl.examples import list_examples
 
     console = Console()
-    table = Table("backend", "strategy", "when to use it", "launch", box=None, pad_edge=False)
+    table = Table("backend", "strategy", "when to use it", "launch", box=None, pad_edge=False, collapse_padding=True)
     # Each column as wide as its longest word (MultiWorkerMirroredStrategy:): cells wrap between words, not inside.
     for column, texts in ((2, [variant.when for variant in VARIANTS]), (3, [variant.launch for variant in VARIANTS])):
         table.columns[column].min_width = max(len(word) for text in texts for word in text.split())

@@ -93,9 +93,9 @@ def settle_answers(
     answers = dict(given)
     backend, strategy = answers.get("backend"), answers.get("strategy")
     if backend is None and strategy is not None:
-        backend = backend_of(strategy)  # a strategy name belongs to one backend only
+        backend = backend_of(strategy)  # the first backend that has it: --backend picks another
         if backend is None:
-            known = ", ".join(variant.strategy for variant in VARIANTS)
+            known = ", ".join(dict.fromkeys(variant.strategy for variant in VARIANTS))
             raise LooptplError(f"--strategy {strategy} is not a known strategy; choose one of: {known}")
     if backend is not None:
         check_backend(backend)

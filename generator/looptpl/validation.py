@@ -21,8 +21,8 @@ NAME_MAX, PATH_MAX = 255, 3800  # bytes: a file name, and DEST with room for the
 STAGING_PREFIX = ".looptpl-"  # the hidden folder inside DEST where `looptpl new` renders before moving in
 MAX_NAME = 100  # characters of a project or package name: a file name, a distribution name, a line in a README
 # Modules a generated project imports, that its users import beside it, or that the frameworks import: a
-# package of that name under src/ would be imported in their place. The frameworks' lists are what torch and
-# tensorflow install (tests/test_cli.py checks them against the installed distributions); the last line holds
+# package of that name under src/ would be imported in their place. The frameworks' lists are what torch,
+# tensorflow and jax install (tests/test_cli.py checks them against the installed distributions); the last line holds
 # the names copier.yml refuses for the same reason (the project's own modules, which tests import by name).
 MAJOR_MODULES = {
     "torch", "tensorflow", "keras", "jax", "flax", "numpy", "scipy", "pandas", "sklearn", "matplotlib",
@@ -34,6 +34,8 @@ MAJOR_MODULES = {
     "idna", "markdown_it", "mdurl", "ml_dtypes", "namex", "opt_einsum", "optree", "packaging", "pasta",
     "pygments", "requests", "rich", "six", "termcolor", "urllib3", "wrapt", "tensorflow_io_gcs_filesystem",
     "pluggy", "iniconfig", "py",
+    "jaxlib", "optax", "orbax", "etils", "tensorstore", "treescope", "msgpack", "humanize", "aiofiles",
+    "prometheus_client", "psutil", "simplejson", "uvloop", "flaxlib_src",
     "data", "model", "train", "config",
 }  # fmt: skip
 # What a run with --tracker wandb or --tracker mlflow imports beyond those: the tracker's package and the modules

@@ -59,6 +59,20 @@ VARIANTS = (
         "python -m PKG.kit.launch --workers N",
         "python -m PKG.kit.launch --workers 2 -- --epochs 3",
     ),
+    Variant(
+        "jax",
+        "single",
+        "One process on one device (CPU or GPU); the simplest JAX loop.",
+        "python -m PKG.train",
+        "python -m PKG.train --epochs 3",
+    ),
+    Variant(
+        "jax",
+        "data-parallel",
+        "A mesh over every device of every process: batches sharded, weights replicated (or N CPU devices).",
+        "python -m PKG.train [--cpu-devices N]",
+        "python -m PKG.train --cpu-devices 2 --epochs 3",
+    ),
 )
 
 BACKENDS = tuple(dict.fromkeys(variant.backend for variant in VARIANTS))
@@ -70,7 +84,7 @@ def strategies(backend: str) -> list[str]:
 
 
 def backend_of(strategy: str) -> str | None:
-    """The backend a strategy belongs to (no two backends share a strategy name), or None if unknown."""
+    """The first backend with this strategy (single: torch, as copier.yml defaults it), or None if unknown."""
     return next((variant.backend for variant in VARIANTS if variant.strategy == strategy), None)
 
 
