@@ -446,7 +446,7 @@ ERRORS = {
     "downgrade": "uses template v1.1.0, newer than this looptpl's v1.0.0; downgrades are not supported",
     "another template source": "follows the template at https://example.com/looptpl.git, not this looptpl's",
     "answers not YAML": "is not valid YAML (",
-    "unknown backend": "backend 'jax' is not one of: torch, tensorflow; fix that line or restore the file",
+    "unknown backend": "backend 'mxnet' is not one of: torch, tensorflow, jax; fix that line or restore the file",
     "strategy of the other backend": "strategy 'mirrored' is not a torch strategy; use one of: single, ddp, fsdp",
     "package name edited": "package name 'my-proj' is not a valid Python identifier",
 }
@@ -476,7 +476,7 @@ def test_update_errors_are_one_line_with_the_fix_and_change_nothing(tmp_path, in
         (project / ".copier-answers.yml").write_text("backend: [torch\n")
         git(project, "commit", "-qam", "Break the answers")
     elif case == "unknown backend":
-        rewrite_answers(project, backend="jax")
+        rewrite_answers(project, backend="mxnet")
     elif case == "strategy of the other backend":
         rewrite_answers(project, strategy="mirrored")
     elif case == "package name edited":
