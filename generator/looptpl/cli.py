@@ -81,14 +81,12 @@ def complete_backend(incomplete: str) -> list[str]:
 def complete_strategy(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Shell completion for --strategy: the strategies of the --backend already typed (all without one)."""
     backend = ctx.params.get("backend")
-    offered = {
-        variant.strategy: variant.when.split(";")[0]  # the first clause fits beside the value (zsh, fish)
-        for variant in reversed(VARIANTS)  # a name two backends share is described as its first backend's
-        if variant.strategy.startswith(incomplete) and backend in (None, variant.backend)
-    }
-    return [
-        (strategy, offered[strategy]) for strategy in dict.fromkeys(v.strategy for v in VARIANTS) if strategy in offered
-    ]
+    offered: dict[str, str] = {}  # a name two backends share is described as its first backend's
+    for variant in VARIANTS:
+        if variant.strategy.startswith(incomplete) and backend in (None, variant.backend):
+            # The first clause fits beside the value (zsh, fish).
+            offered.setdefault(variant.strategy, variant.when.split(";")[0])
+    return list(offered.items())
 
 
 def complete_example(incomplete: str) -> list[tuple[str, str]]:
