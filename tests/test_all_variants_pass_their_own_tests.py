@@ -63,7 +63,10 @@ def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
 # 6-7, single and mirrored 4): a class each, which pytest-xdist's loadscope hands to a worker of its own. Each
 # worker starts with two classes: one takes one-device then multi-worker, the other ddp then fsdp, so the two
 # TensorFlow suites that start the most processes at once do not run side by side.
-SUITE_ORDER = ("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored", "data-parallel", "jax-single")
+SUITE_ORDER = (
+    *("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored"),
+    *("data-parallel", "jax-fsdp", "jax-single"),
+)
 
 
 def suite_test(strategy: str) -> type:

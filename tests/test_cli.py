@@ -657,7 +657,7 @@ def test_completion_offers_backends_and_the_backends_strategies():
     assert complete("looptpl new proj --backend torch --strategy ") == ["single", "ddp", "fsdp"]
     assert complete("looptpl new proj --backend tensorflow --strategy m") == ["mirrored", "multi-worker"]
     assert complete("looptpl new proj --strategy ") == list(dict.fromkeys(variant.strategy for variant in VARIANTS))
-    assert complete("looptpl new proj --backend jax --strategy ") == ["single", "data-parallel"]
+    assert complete("looptpl new proj --backend jax --strategy ") == ["single", "data-parallel", "fsdp"]
     zsh = "\n".join(complete("looptpl new proj --strategy d", shell="zsh"))
     assert '"ddp":"DistributedDataParallel\\\\: one process per GPU, one or many nodes"' in zsh
 

@@ -97,7 +97,7 @@ RUN = (
     ),
     Run(rf"{TRAIN} --device cpu --epochs [1-3]", "scratch", "test_loss"),
     Run(rf"{TRAIN} --cpu-replicas 2 --epochs [1-3]", "scratch", "test_loss", project="mirrored"),
-    Run(r"looptpl new myproj --backend jax --strategy (single|data-parallel) --defaults", "scratch", "Created"),
+    Run(r"looptpl new myproj --backend jax --strategy (single|data-parallel|fsdp) --defaults", "scratch", "Created"),
     Run(rf"{TRAIN} --cpu-devices 2 --epochs [1-3]", "scratch", "test_loss", project="jax"),
     Run(
         r"python -m myproj\.kit\.launch --processes 2 -- --cpu-devices 1 --epochs [1-3]",

@@ -73,6 +73,13 @@ VARIANTS = (
         "python -m PKG.train [--cpu-devices N]",
         "python -m PKG.train --cpu-devices 2 --epochs 3",
     ),
+    Variant(
+        "jax",
+        "fsdp",
+        "The data-parallel mesh with the weights and optimizer state sharded over the devices too.",
+        "python -m PKG.train [--cpu-devices N]",
+        "python -m PKG.train --cpu-devices 2 --epochs 3",
+    ),
 )
 
 BACKENDS = tuple(dict.fromkeys(variant.backend for variant in VARIANTS))

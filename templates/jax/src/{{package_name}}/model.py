@@ -15,6 +15,9 @@ class Classifier(nnx.Module):
     """A small MLP for the synthetic task."""
 
     def __init__(self, hidden_size: int, rngs: nnx.Rngs) -> None:
+        # Under --strategy fsdp each weight is split over the devices along its largest dimension that the
+        # device count divides. To choose, annotate it along the mesh's "data" axis, e.g. a kernel by rows:
+        # nnx.Linear(..., kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("data", None)))
         self.hidden = nnx.Linear(NUM_FEATURES, hidden_size, rngs=rngs)
         self.output = nnx.Linear(hidden_size, NUM_CLASSES, rngs=rngs)
 
