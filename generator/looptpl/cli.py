@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from looptpl.update import Outcome
 
 app = typer.Typer(
-    help="Generate a readable PyTorch or TensorFlow training loop that you own, then keep it up to date.",
+    help="Generate a readable PyTorch, TensorFlow or JAX training loop that you own, then keep it up to date.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -70,7 +70,7 @@ def main_options(
         typer.Option("--version", callback=show_version, is_eager=True, help="Print the looptpl version and exit."),
     ] = False,
 ) -> None:
-    """Generate a readable PyTorch or TensorFlow training loop that you own, then keep it up to date."""
+    """Generate a readable PyTorch, TensorFlow or JAX training loop that you own, then keep it up to date."""
 
 
 def complete_backend(incomplete: str) -> list[str]:
