@@ -1,19 +1,20 @@
-"""The torch and TensorFlow templates implement the same training semantics.
+"""The torch, TensorFlow and JAX templates implement the same training semantics.
 
-A torch `single` and a TensorFlow `one-device` project get the same linear model, the same initial
-weights, the same data in the same order and the same flags; their per-epoch losses must then
-agree to float rounding (they differ by about 2e-6 relative; the test allows 1e-4, and a 20%
-change of --weight-decay on one side alone already breaks it). The flags exercise everything the
-two loops must do alike: a short last batch (103 = 5 x 20 + 3) averaged over its true size, two
-accumulation steps (one of them empty in TensorFlow's last batch), linear warmup then cosine
-decay, gradient clipping, and AdamW with decoupled weight decay.
+A torch `single`, a TensorFlow `one-device` and a JAX `single` project get the same linear model, the
+same initial weights, the same data in the same order and the same flags; their per-epoch losses must
+then agree to float rounding (TensorFlow differs from torch by about 2e-6 relative; the test allows
+1e-4, and a 20% change of --weight-decay on one side alone already breaks it, as does JAX seeing its
+first epoch's order in every epoch). The flags exercise everything the loops must do alike: a short
+last batch (103 = 5 x 20 + 3) averaged over its true size, two accumulation steps (one of them empty
+in TensorFlow's last batch), linear warmup then cosine decay, gradient clipping, and AdamW with
+decoupled weight decay.
 
 Defaults that differ between the frameworks are settled in the templates, not here: the
 TensorFlow template's optim.py passes PyTorch's AdamW epsilon (1e-8; Keras' default is 1e-7), and
-both optim.py files pass --weight-decay (Keras' AdamW default is 0.004, PyTorch's 0.01). What
-remains is Keras' AdamW adding epsilon before its bias correction rather than after, a difference
-of order epsilon / sqrt(v), far below the tolerance.
-"""
+the optim.py files pass --weight-decay (Keras' AdamW default is 0.004, PyTorch's 0.01, Optax's 1e-4).
+What remains is Keras' AdamW adding epsilon before its bias correction rather than after, a
+difference of order epsilon / sqrt(v), far below the tolerance, and JAX's data order, its own
+permutation of (seed, epoch): its data.py maps the loop's requests onto torch's order."""
 
 import importlib.util
 import json
@@ -29,13 +30,14 @@ SIZES = {"train": 103, "val": 37, "test": 29}
 FLAGS = [
     *("--epochs", "3", "--global-batch-size", "20", "--grad-accum-steps", "2", "--eval-batch-size", "64"),
     *("--lr", "0.05", "--warmup-steps", "3", "--schedule", "cosine", "--max-grad-norm", "0.5"),
-    *("--weight-decay", "0.1", "--seed", "0", "--device", "cpu", "--no-progress"),
+    *("--weight-decay", "0.1", "--seed", "0", "--no-progress"),
 ]
 ENVIRONMENT = {
     "CUDA_VISIBLE_DEVICES": "",
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "OMP_NUM_THREADS": "1",
     "TF_NUM_INTRAOP_THREADS": "1",
+    "JAX_PLATFORMS": "cpu",
 }
 
 TORCH_DATA = '''"""Parity test: fixed arrays."""
@@ -128,6 +130,62 @@ def build_model(config: TrainConfig) -> keras.Model:
     return keras.Sequential([keras.Input(shape=(NUM_FEATURES,)), layer])
 '''
 
+JAX_DATA = '''"""Parity test: fixed arrays, the train split in the order the torch project's sampler visits it."""
+
+import numpy as np
+
+from .kit.config import TrainConfig
+
+NUM_FEATURES, NUM_CLASSES = {features}, {classes}
+ARRAYS = np.load(r"{arrays}")
+EPOCH_ORDERS = np.load(r"{orders}")
+
+
+class InTorchOrder:
+    """The train split as the torch run visits it. The loop asks for the samples of its own order (a
+    permutation of (seed 0, epoch)), each batch padded to 20 rows: the n-th request is position n % 120 of
+    epoch n // 120 in that order, and gets the sample torch's sampler has at that position."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.positions = [np.argsort(np.random.default_rng([0, epoch]).permutation(103)) for epoch in range(3)]
+
+    def __len__(self) -> int:
+        return 103
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch = self.requests // 120
+        self.requests += 1
+        chosen = EPOCH_ORDERS[epoch][self.positions[epoch][index]]
+        return ARRAYS["train_x"][chosen], ARRAYS["train_y"][chosen]
+
+
+def build_datasets(config: TrainConfig) -> tuple:
+    def split(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return ARRAYS[name + "_x"], ARRAYS[name + "_y"]
+
+    return InTorchOrder(), split("val"), split("test")
+'''
+
+JAX_MODEL = '''"""Parity test: one linear layer with fixed initial weights."""
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .data import NUM_CLASSES, NUM_FEATURES
+from .kit.config import TrainConfig
+
+INITIAL = np.load(r"{weights}")
+
+
+def build_model(config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
+    layer = nnx.Linear(NUM_FEATURES, NUM_CLASSES, rngs=rngs)
+    layer.kernel.value = jnp.asarray(INITIAL["kernel"])
+    layer.bias.value = jnp.asarray(INITIAL["bias"])
+    return layer
+'''
+
 # Prints the sample order of each epoch as the torch project's own sampler yields it.
 TORCH_ORDER = """
 import json, sys
@@ -161,7 +219,7 @@ def train(project: Path, *flags: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow (tensorflow-cpu)")
-def test_torch_and_tensorflow_follow_the_same_loss_curve(tmp_path):
+def test_torch_tensorflow_and_jax_follow_the_same_loss_curve(tmp_path):
     generator = np.random.default_rng(7)
     hidden = generator.standard_normal((FEATURES, CLASSES))
     arrays = {}
@@ -187,11 +245,21 @@ def test_torch_and_tensorflow_follow_the_same_loss_curve(tmp_path):
     (package(tf_project) / "data.py").write_text(TF_DATA.format(**files))
     (package(tf_project) / "model.py").write_text(TF_MODEL.format(**files))
 
-    torch_records, tf_records = in_parallel(
-        lambda: train(torch_project),
-        lambda: train(tf_project, "--shuffle-buffer", "1"),  # data.py already gives torch's order
+    jax_project = render(tmp_path, "jax", "single")
+    (package(jax_project) / "data.py").write_text(JAX_DATA.format(**files))
+    (package(jax_project) / "model.py").write_text(JAX_MODEL.format(**files))
+
+    torch_records, tf_records, jax_records = in_parallel(
+        lambda: train(torch_project, "--device", "cpu"),
+        lambda: train(tf_project, "--device", "cpu", "--shuffle-buffer", "1"),  # data.py gives torch's order
+        lambda: train(jax_project),  # on the CPU: JAX_PLATFORMS
     )
-    assert len(torch_records) == len(tf_records) == 3
+    assert len(torch_records) == len(tf_records) == len(jax_records) == 3
+    for torch_record, jax_record in zip(torch_records, jax_records, strict=True):
+        assert jax_record["step"] == torch_record["step"]
+        for name in ("train_loss", "val_loss"):
+            assert jax_record[name] == pytest.approx(torch_record[name], rel=1e-4), (torch_record["epoch"], name)
+        assert jax_record["val_accuracy"] == pytest.approx(torch_record["val_accuracy"], abs=1.01 / SIZES["val"])
     for torch_record, tf_record in zip(torch_records, tf_records, strict=True):
         assert tf_record["step"] == torch_record["step"] == 6 * torch_record["epoch"]
         assert tf_record["lr"] == pytest.approx(torch_record["lr"], rel=1e-5, abs=1e-9)
