@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from timing import REPO, Timings, patched, pretend_tty, print_comparison, rate, template_revision
+from timing import REPO, EpochClock, Timings, patched, pretend_tty, print_comparison, rate, template_revision
 
 TARGET_RATIO = 0.95  # generated / hand-written, as the project states it
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
@@ -90,19 +90,6 @@ def build_datasets(project: types.ModuleType, train_size: int) -> tuple[tuple[np
         return inputs, (np.tanh(inputs @ hidden) @ readout).argmax(axis=1).astype(np.int32)
 
     return make_split(train_size), make_split(VAL_SIZE), make_split(TEST_SIZE)
-
-
-class EpochClock:
-    """Wall-clock and process CPU seconds of each epoch."""
-
-    def __init__(self) -> None:
-        self.epochs: Timings = []
-
-    def start(self) -> None:
-        self.started = (time.perf_counter(), time.process_time())
-
-    def stop(self) -> None:
-        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
 
 
 def run_generated(

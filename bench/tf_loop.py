@@ -48,7 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when TensorFlow is im
 import keras
 import numpy as np
 import tensorflow as tf
-from timing import REPO, Timings, patched, pretend_tty, print_comparison, rate, template_revision
+from timing import REPO, EpochClock, Timings, patched, pretend_tty, print_comparison, rate, template_revision
 
 VAL_SIZE, TEST_SIZE = 251, 257  # the template's own evaluation split sizes
 
@@ -333,19 +333,6 @@ def report(
     if max(load) > cores:
         print(f"warning: load average above {cores}: other processes share the CPUs, so expect noise")
     print_comparison(args, timings, {"fit": ">1.0"})
-
-
-class EpochClock:
-    """Wall-clock and process CPU seconds of each epoch; CPU time is less hit by other processes."""
-
-    def __init__(self) -> None:
-        self.epochs: Timings = []
-
-    def start(self) -> None:
-        self.started = (time.perf_counter(), time.process_time())
-
-    def stop(self) -> None:
-        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
 
 
 if __name__ == "__main__":

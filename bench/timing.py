@@ -8,6 +8,7 @@ import contextlib
 import statistics
 import subprocess
 import tempfile
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 Timings = list[tuple[float, float]]  # (wall seconds, process CPU seconds) of each timed epoch
+
+
+class EpochClock:
+    """Wall-clock and process CPU seconds of each epoch; CPU time is less hit by other processes."""
+
+    def __init__(self) -> None:
+        self.epochs: Timings = []
+
+    def start(self) -> None:
+        self.started = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
 
 
 @contextlib.contextmanager

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from timing import REPO, checkout, patched, pretend_tty, print_comparison, rate, template_revision
+from timing import REPO, EpochClock, checkout, patched, pretend_tty, print_comparison, rate, template_revision
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -185,19 +185,6 @@ def fresh_model(project: types.ModuleType, seed: int = 0) -> torch.nn.Module:
 
 
 # --- the three loops; each returns (wall, cpu) seconds of its timed epochs -----------------------
-
-
-class EpochClock:
-    """Wall-clock and process CPU seconds of each epoch; CPU time is less hit by other processes."""
-
-    def __init__(self) -> None:
-        self.epochs: list[tuple[float, float]] = []
-
-    def start(self) -> None:
-        self.started = (time.perf_counter(), time.process_time())
-
-    def stop(self) -> None:
-        self.epochs.append((time.perf_counter() - self.started[0], time.process_time() - self.started[1]))
 
 
 class Run:
