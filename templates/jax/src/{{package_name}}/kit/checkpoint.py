@@ -21,7 +21,7 @@ COMMITTED = "commit_success.txt"
 class Checkpoints:
     """The checkpoints of a run in `folder`, by update count; the newest `keep` are kept."""
 
-    def __init__(self, folder: Path, keep: int = 2) -> None:
+    def __init__(self, folder: Path, keep: int) -> None:
         self.folder = folder
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
         self.manager = ocp.CheckpointManager(folder.absolute(), options=options)
