@@ -19,17 +19,25 @@ COMMITTED = "commit_success.txt"
 
 
 class Checkpoints:
-    """The checkpoints of a run in `folder`, by update count; the newest `keep` are kept."""
+    """The checkpoints of a run in `folder`, by update count: the newest `keep`, and the best epoch's."""
 
     def __init__(self, folder: Path, keep: int) -> None:
         self.folder = folder
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+        policies = ocp.checkpoint_managers
+        # The best is the newest saved as best: Orbax keeps the highest "best" value, the update count.
+        best = policies.BestN(
+            get_metric_fn=lambda metrics: metrics["best"], n=1, keep_checkpoints_without_metrics=False
+        )
+        kept = policies.AnyPreservationPolicy([policies.LatestN(n=keep), best])
+        options = ocp.CheckpointManagerOptions(preservation_policy=kept, enable_async_checkpointing=False)
         self.manager = ocp.CheckpointManager(folder.absolute(), options=options)
 
-    def save(self, updates: int, state: Any, position: dict[str, Any]) -> None:
-        """Save `state` and the run's `position` as the checkpoint of `updates` (every process calls this)."""
+    def save(self, updates: int, state: Any, position: dict[str, Any], best: bool = False) -> None:
+        """Save `state` and the run's `position` as the checkpoint of `updates`, the best so far if `best`
+        (every process calls this)."""
         meta = ocp.args.JsonSave(position)
-        self.manager.save(updates, args=ocp.args.Composite(state=ocp.args.StandardSave(state), position=meta))
+        arguments = ocp.args.Composite(state=ocp.args.StandardSave(state), position=meta)
+        self.manager.save(updates, args=arguments, metrics={"best": updates} if best else None)
         self.manager.wait_until_finished()
 
     def latest(self) -> int | None:
