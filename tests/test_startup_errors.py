@@ -160,8 +160,9 @@ def test_a_syntax_error_stops_a_real_process_in_one_line_said_once(startup):
     output = startup.launched.stdout
     printed = [text for text in output.splitlines() if text.startswith(message)]
     assert startup.launched.returncode != 0 and len(printed) == 1, output[-5000:]  # by rank 0, not by every rank
-    if startup.ranks > 1:  # and torchrun's closing summary quotes it, from each rank's error file
-        assert f"traceback : {message}" in output and "error_file: <N/A>" not in output, output[-5000:]
+    if startup.ranks > 1:  # and torchrun's closing summary quotes it, from the failed rank's error file (a rank
+        # still starting when another failed may be stopped by torchrun first: SIGTERM, no error file of its own)
+        assert f"traceback : {message}" in output, output[-5000:]
     # torchrun reports its failed ranks with a traceback of its own; the ranks print none.
     assert not re.search(rf'File "[^"]*/{package}/', output), output[-5000:]
     if startup.ranks == 1:

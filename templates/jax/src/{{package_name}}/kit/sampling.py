@@ -60,9 +60,18 @@ class TrainOrder:
         return pad(chosen, self.global_batch_size, self.grad_accum_steps)
 
 
-def eval_batches(size: int, batch_size: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """The evaluation batches of a split of `size` samples, in order: (indices, rows, samples), padded alike."""
-    return [pad(np.arange(start, min(start + batch_size, size)), batch_size, 1) for start in range(0, size, batch_size)]
+def evaluated(size: int, samples: int) -> np.ndarray:
+    """The indices of a split of `size` that its evaluations use: all of them, or (--eval-batches) `samples` of
+    them, in dataset order. The subset is drawn by a fixed seed, not --seed: the same samples for every
+    evaluation, every number of devices, and runs with other seeds, so their figures compare."""
+    if not samples or samples >= size:
+        return np.arange(size)
+    return np.sort(np.random.default_rng(0).permutation(size)[:samples])
+
+
+def eval_batches(indices: np.ndarray, batch_size: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The evaluation batches of the samples at `indices`, in order: (indices, rows, samples), padded alike."""
+    return [pad(indices[start : start + batch_size], batch_size, 1) for start in range(0, len(indices), batch_size)]
 
 
 def pad(chosen: np.ndarray, length: int, parts: int) -> tuple[np.ndarray, np.ndarray, int]:
