@@ -41,14 +41,19 @@ def take(split: Any, indices: np.ndarray) -> Any:
 
 class TrainOrder:
     """The global batches of each epoch: a shuffle of the train set, cut into --global-batch-size samples,
-    each split into --grad-accum-steps micro-batches; the last, short batch is kept, padded."""
+    each split into --grad-accum-steps micro-batches; the last, short batch is kept, padded. With
+    `steps_per_epoch` (--steps-per-epoch), an epoch is the first that many batches of its shuffle."""
 
-    def __init__(self, size: int, global_batch_size: int, grad_accum_steps: int, seed: int) -> None:
+    def __init__(
+        self, size: int, global_batch_size: int, grad_accum_steps: int, seed: int, steps_per_epoch: int = 0
+    ) -> None:
         if size < 1:
             raise DataError("data.py: the train set is empty")
         self.size, self.global_batch_size, self.grad_accum_steps = size, global_batch_size, grad_accum_steps
         self.seed = seed
         self.updates_per_epoch = -(-size // global_batch_size)
+        if 0 < steps_per_epoch < self.updates_per_epoch:
+            self.updates_per_epoch = steps_per_epoch
         self._epoch, self._order = -1, np.arange(0)
 
     def update(self, epoch: int, update: int) -> tuple[np.ndarray, np.ndarray, int]:
