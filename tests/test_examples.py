@@ -18,6 +18,7 @@ TF_DIGITS = REPO_ROOT / "examples" / "tf-digits-mirrored"
 TF_CHARLM = REPO_ROOT / "examples" / "tf-charlm-mirrored"
 GPT = REPO_ROOT / "examples" / "torch-gpt-ddp"
 TF_GPT = REPO_ROOT / "examples" / "tf-gpt-mirrored"
+JAX_DIGITS = REPO_ROOT / "examples" / "jax-digits-data-parallel"
 EXAMPLES = [
     pytest.param(REPO_ROOT / "examples" / name, id=name)
     for name in (
@@ -29,6 +30,7 @@ EXAMPLES = [
         "tf-charlm-mirrored",
         "torch-gpt-ddp",
         "tf-gpt-mirrored",
+        "jax-digits-data-parallel",
     )
 ]
 
@@ -123,6 +125,27 @@ def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
     assert one["test_tokens"] == two["test_tokens"] > 64 * 47  # every real token of the split, counted once
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
     assert one["test_perplexity"] < 60, one  # 257 is chance; 8 updates already learn the common bytes
+
+
+@needs_sklearn
+def test_jax_digits_example_trains_alike_on_one_and_two_devices(tmp_path):
+    flags = ("--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last", "--no-progress")
+
+    def train(devices: int) -> dict:
+        run_dir = tmp_path / str(devices)
+        module = ["-m", "digits_dp.train", "--run-dir", str(run_dir), "--cpu-devices", str(devices), *flags]
+        environment = {"PYTHONPATH": str(JAX_DIGITS / "src"), "OMP_NUM_THREADS": "1"}
+        result = run([sys.executable, *module], cwd=JAX_DIGITS, timeout=300, env=environment)
+        assert result.returncode == 0, result.stdout[-5000:]
+        return json.loads((run_dir / "summary.json").read_text())
+
+    one, two = in_parallel(lambda: train(1), lambda: train(2))
+    # Two epochs reach about 0.9 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.98.
+    assert one["test_accuracy"] > 0.8, one
+    assert one["test_samples"] == two["test_samples"] == 270
+    # The loop is exact: two devices follow one up to float rounding, so at most one test image flips.
+    assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 1 / 270 + 1e-6, (one, two)
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
 
 
 def test_gpt_example_passes_its_own_tests_within_its_test_budget(tmp_path):

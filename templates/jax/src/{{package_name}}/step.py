@@ -6,13 +6,16 @@ The loop traces `train_step` once per micro-batch shape, inside one compiled upd
 `eval_step` once per evaluation batch shape. Return values to average (`Mean`) and the loop does
 the rest: it averages them over the whole global batch (every device and micro-step), takes the
 gradient, clips and steps. Write them as for one device: the arrays are global.
+
+With several optimizers (a dict in optim.py, a GAN's), `train_step` yields one `name, Mean(...)` per
+optimizer, in the dict's order; each stage's loss sees the weights the stages before it updated.
 """
 
 from typing import Any
 
 from flax import nnx
 
-from .kit.api import Mean, evaluation
+from .kit.api import Gather, Mean, evaluation
 from .kit.config import TrainConfig
 from .loss import per_sample_loss
 from .metrics import batch_metrics
@@ -25,7 +28,7 @@ def train_step(model: nnx.Module, batch: Any, config: TrainConfig) -> Mean:
     return Mean(per_sample_loss(model(inputs), targets))
 
 
-def eval_step(model: nnx.Module, batch: Any, config: TrainConfig) -> dict[str, Mean]:
+def eval_step(model: nnx.Module, batch: Any, config: TrainConfig) -> dict[str, Mean | Gather]:
     """The loss and metrics of one evaluation batch; logged as val_<name> and test_<name>."""
     inputs, targets = batch
     logits = model(inputs)

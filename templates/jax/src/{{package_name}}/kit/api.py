@@ -4,8 +4,8 @@ Managed by the looptpl template. Import these from here, and the config from `ki
 other modules of `kit` may change between template versions.
 """
 
-from .collect import Mean, evaluation
+from .collect import Gather, Mean, evaluation
 from .randomness import dropout, sample_keys
 from .schedules import warmup_schedule
 
-__all__ = ["Mean", "dropout", "evaluation", "sample_keys", "warmup_schedule"]
+__all__ = ["Gather", "Mean", "dropout", "evaluation", "sample_keys", "warmup_schedule"]

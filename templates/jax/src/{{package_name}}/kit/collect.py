@@ -8,7 +8,9 @@ micro-batch like a full one: the classic gradient-accumulation bug.
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +55,18 @@ class Mean:
         self.per = per
 
 
+@dataclasses.dataclass
+class Gather:
+    """Per-sample rows (first dimension: samples) that evaluation collects over the whole split.
+
+    For metrics that are not a mean over samples (F1, AUC, a confusion matrix): metrics.py's
+    `dataset_metrics` receives every sample's row exactly once, in dataset order, from every device
+    and process.
+    """
+
+    rows: jax.Array
+
+
 @contextlib.contextmanager
 def only_rows(rows: jax.Array) -> Iterator[None]:
     """While the step is traced: the Means it builds count the rows where `rows` is 1, not the padding."""
@@ -63,30 +77,64 @@ def only_rows(rows: jax.Array) -> Iterator[None]:
         _ROWS.reset(token)
 
 
-def evaluation(loss: Mean, metrics: dict[str, Mean]) -> dict[str, Mean]:
+def evaluation(loss: Mean, metrics: dict[str, Mean | Gather]) -> dict[str, Mean | Gather]:
     """The loss and the metrics of an evaluation batch in one dict; a metric may not be named `loss`."""
     if "loss" in metrics:
         raise StepError("metrics.py returns a metric named 'loss', which would replace the loss; rename the metric")
     return {"loss": loss, **metrics}
 
 
-def check_train_value(value: object) -> Mean:
-    """The loss a training step gave: a Mean."""
-    if not isinstance(value, Mean):
-        raise StepError(f"train_step must return a Mean, got {_describe(value)}; wrap the loss in Mean()")
-    return value
+def stage_loss(result: object, stages: list[str] | None, stage: int) -> Mean:
+    """The loss of stage number `stage` in what train_step gave: the Mean it returned with one optimizer; with
+    several (`stages`, optim.py's names in order), the Mean of its `stage`-th `yield name, Mean(...)`."""
+    if stages is None:
+        if not isinstance(result, Mean):
+            raise StepError(f"train_step must return a Mean, got {_describe(result)}; wrap the loss in Mean()")
+        return result
+    if not isinstance(result, Iterator):
+        raise StepError(
+            f"optim.py builds {len(stages)} optimizers ({', '.join(stages)}): train_step must yield one "
+            f"`name, Mean(...)` for each, in that order; it returned {_describe(result)}"
+        )
+    order = f"optim.py's order: {', '.join(stages)}"
+    for index, pair in enumerate(result):
+        name = pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
+        if name != stages[index]:
+            got, expected = repr(name) if name is not None else _describe(pair), stages[index]
+            raise StepError(f"train_step's yield number {index + 1} gave {got}; yield {expected!r}, Mean() ({order})")
+        if not isinstance(pair[1], Mean):
+            raise StepError(f"train_step yielded {name!r} with {_describe(pair[1])}; yield {name!r}, Mean(...)")
+        if index == stage:
+            return pair[1]
+    raise StepError(f"train_step stopped before it yielded {stages[stage]!r}; yield one loss per optimizer ({order})")
 
 
-def check_eval_values(values: object) -> dict[str, Mean]:
-    """What eval_step returned: a dict of Mean values with names usable in the logs."""
+def check_eval_values(values: object) -> dict[str, Mean | Gather]:
+    """What eval_step returned: a dict of Mean or Gather values with names usable in the logs."""
     if not isinstance(values, dict) or not values:
-        raise StepError(f"eval_step must return a dict of Mean values, got {_describe(values)}")
+        raise StepError(f"eval_step must return a dict of Mean (or Gather) values, got {_describe(values)}")
     for name, value in values.items():
         if name == "samples" or not isinstance(name, str):
             raise StepError(f"eval_step returned a value named {name!r}; the logs use that name, choose another")
-        if not isinstance(value, Mean):
-            raise StepError(f"eval_step (step.py, metrics.py) returned {name!r} as {_describe(value)}; return a Mean")
+        if not isinstance(value, Mean | Gather):
+            raise StepError(
+                f"eval_step (step.py, metrics.py) returned {name!r} as {_describe(value)}; return a Mean or a Gather"
+            )
+        if isinstance(value, Gather) and (not isinstance(value.rows, jax.Array) or value.rows.ndim == 0):
+            raise StepError(f"Gather {name!r} takes one row per sample, got {_describe(value.rows)}")
     return values
+
+
+def check_dataset_figures(figures: object, means: dict[str, Any]) -> dict[str, float]:
+    """What metrics.py's dataset_metrics returned: a dict of new names (not those of `means`), each a number."""
+    if not isinstance(figures, dict):
+        raise StepError(f"metrics.py: dataset_metrics must return a dict of new names, got {_describe(figures)}")
+    if clash := [name for name in figures if name in means or name == "samples"]:
+        raise StepError(f"metrics.py: dataset_metrics returns {clash}, names the logs use already; choose others")
+    try:
+        return {name: float(value) for name, value in figures.items()}
+    except (TypeError, ValueError):
+        raise StepError(f"metrics.py: dataset_metrics must return a dict of numbers, got {figures!r}") from None
 
 
 def _describe(value: object) -> str:
