@@ -8,14 +8,12 @@ into a byte-level language model. One device, 2 devices with 2 micro-steps each,
 """
 
 import inspect
-import os
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_parallel, looptpl, records, run
+from conftest import in_parallel, jax_run, looptpl
 
 DATA = '''"""Lines of Python's own source as bytes, padded to one length: (tokens, mask) per sample."""
 
@@ -114,14 +112,8 @@ def render(destination: Path, step: str) -> Path:
 
 
 def train(project: Path, run_dir: Path, *flags: str, processes: int = 0) -> list[dict]:
-    """A run's records; `processes` of them started by kit/launch.py, one device each."""
-    module = "kit.launch" if processes else "train"
-    launch = ("--processes", str(processes), "--") if processes else ()
-    command = [sys.executable, "-m", f"{project.name}.{module}", *launch, "--run-dir", str(run_dir), *FLAGS, *flags]
-    environment = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    done = run(command, cwd=project, timeout=600, env={**os.environ, **environment})
-    assert done.returncode == 0, done.stdout[-5000:]
-    return records(run_dir)
+    """A run's epoch records; `processes` of them started by kit/launch.py, one device each."""
+    return jax_run(project, run_dir, *FLAGS, *flags, processes=processes)
 
 
 def one_and_two(project: Path, root: Path) -> list[list[dict]]:

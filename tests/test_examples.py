@@ -19,6 +19,7 @@ TF_CHARLM = REPO_ROOT / "examples" / "tf-charlm-mirrored"
 GPT = REPO_ROOT / "examples" / "torch-gpt-ddp"
 TF_GPT = REPO_ROOT / "examples" / "tf-gpt-mirrored"
 JAX_DIGITS = REPO_ROOT / "examples" / "jax-digits-data-parallel"
+JAX_CHARLM = REPO_ROOT / "examples" / "jax-charlm-data-parallel"
 EXAMPLES = [
     pytest.param(REPO_ROOT / "examples" / name, id=name)
     for name in (
@@ -31,6 +32,7 @@ EXAMPLES = [
         "torch-gpt-ddp",
         "tf-gpt-mirrored",
         "jax-digits-data-parallel",
+        "jax-charlm-data-parallel",
     )
 ]
 
@@ -127,25 +129,45 @@ def test_tf_charlm_example_is_exact_over_replicas_and_micro_steps(tmp_path):
     assert one["test_perplexity"] < 60, one  # 257 is chance; 8 updates already learn the common bytes
 
 
+def train_jax_example(example: Path, run_dir: Path, *flags: str) -> dict:
+    """A JAX example trained on the CPU devices its flags ask for; returns its summary.json."""
+    package = answers(example)["package_name"]
+    command = [sys.executable, "-m", f"{package}.train", "--run-dir", str(run_dir), "--no-progress", *flags]
+    environment = {"PYTHONPATH": str(example / "src"), "OMP_NUM_THREADS": "1"}
+    result = run(command, cwd=example, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 @needs_sklearn
 def test_jax_digits_example_trains_alike_on_one_and_two_devices(tmp_path):
-    flags = ("--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last", "--no-progress")
-
-    def train(devices: int) -> dict:
-        run_dir = tmp_path / str(devices)
-        module = ["-m", "digits_dp.train", "--run-dir", str(run_dir), "--cpu-devices", str(devices), *flags]
-        environment = {"PYTHONPATH": str(JAX_DIGITS / "src"), "OMP_NUM_THREADS": "1"}
-        result = run([sys.executable, *module], cwd=JAX_DIGITS, timeout=300, env=environment)
-        assert result.returncode == 0, result.stdout[-5000:]
-        return json.loads((run_dir / "summary.json").read_text())
-
-    one, two = in_parallel(lambda: train(1), lambda: train(2))
-    # Two epochs reach about 0.9 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.98.
+    flags = ("--epochs", "2", "--global-batch-size", "64", "--lr", "3e-3", "--test-on", "last")
+    one, two = in_parallel(
+        lambda: train_jax_example(JAX_DIGITS, tmp_path / "one", "--cpu-devices", "1", *flags),
+        lambda: train_jax_example(JAX_DIGITS, tmp_path / "two", "--cpu-devices", "2", *flags),
+    )
+    # Two epochs reach about 0.9 test accuracy (0.10 is chance); the full 30-epoch run reaches ~0.99.
     assert one["test_accuracy"] > 0.8, one
     assert one["test_samples"] == two["test_samples"] == 270
     # The loop is exact: two devices follow one up to float rounding, so at most one test image flips.
     assert abs(one["test_accuracy"] - two["test_accuracy"]) <= 1 / 270 + 1e-6, (one, two)
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+
+
+def test_jax_charlm_example_is_exact_over_devices_and_micro_steps(tmp_path):
+    # 256 functions of 48-256 bytes padded to 256: 2 devices x 2 micro-steps give the update of 1 device only
+    # if every real token of the global batch weighs the same. Dropout stays on: each function draws its own
+    # masks, the same on any number of devices.
+    flags = ("--epochs", "1", "--train-functions", "256", "--eval-functions", "64", "--warmup-steps", "0")
+    one, two = in_parallel(
+        lambda: train_jax_example(JAX_CHARLM, tmp_path / "one", "--cpu-devices", "1", *flags),
+        lambda: train_jax_example(
+            JAX_CHARLM, tmp_path / "two", "--cpu-devices", "2", "--grad-accum-steps", "2", *flags
+        ),
+    )
+    assert one["test_tokens"] == two["test_tokens"] > 64 * 47  # every real token of the split, counted once
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
+    assert one["test_perplexity"] < 60, one  # 256 is chance; 8 updates already learn the common bytes
 
 
 def test_gpt_example_passes_its_own_tests_within_its_test_budget(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_parallel, looptpl, records, run
+from conftest import in_parallel, jax_run, looptpl, run
 from sklearn.datasets import load_digits
 
 DATA = '''"""The 8x8 digits as {"image", "label", "noise"} rows; the generator's noise fixed per image."""
@@ -199,13 +199,7 @@ def render(destination: Path) -> Path:
 
 def train(project: Path, run_dir: Path, *flags: str, processes: int = 0) -> list[dict]:
     """A run's epoch records; `processes` of them started by kit/launch.py, one device each."""
-    module = "kit.launch" if processes else "train"
-    launch = ("--processes", str(processes), "--") if processes else ()
-    command = [sys.executable, "-m", f"{project.name}.{module}", *launch, "--run-dir", str(run_dir), *FLAGS, *flags]
-    environment = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    done = run(command, cwd=project, timeout=600, env={**os.environ, **environment})
-    assert done.returncode == 0, done.stdout[-5000:]
-    return records(run_dir)
+    return jax_run(project, run_dir, *FLAGS, *flags, processes=processes)
 
 
 def first_step(run_dir: Path) -> dict:

@@ -8,6 +8,7 @@ device; an error in data.py names its file and line.
 
 import atexit
 import collections
+import contextlib
 import functools
 import multiprocessing
 import numbers
@@ -88,7 +89,8 @@ class Loaders:
         """This rank's updates of `epoch`, from update `first` (a resumed run) on."""
         if self.sampler is not None:
             self.sampler.set_epoch(epoch, first)
-        return iter(self.train)
+        with signals_held():  # the first iter() starts the workers
+            return iter(self.train)
 
     def next_update(self, updates: Iterator[Any], update: int) -> tuple[list[Any], int]:
         """This rank's micro-batches of update `update` of the epoch, on the device, and the samples
@@ -129,7 +131,8 @@ class Loaders:
         """The batches of `split` ("val", "test") on this rank, on the device: (batch, padding, samples)."""
         loader = self.val if split == "val" else self.test
         assert loader is not None, "data.py has no test set: nothing to test"
-        batches = iter(loader)
+        with signals_held():  # the first iter() starts the workers
+            batches = iter(loader)
         if isinstance(loader.dataset, EvalStream):
             while (element := self._next(batches)) is not None:
                 yield self.to_device(element["batch"]), element["padding"], element["samples"]
@@ -207,10 +210,31 @@ class WorkerSignals:
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self.on_sigterm)
+        if hasattr(signal, "pthread_sigmask"):  # held while the worker started (signals_held): take them now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def on_sigterm(self, signum: int, frame: object) -> None:
         if self.exiting.is_set():
             os._exit(0)
+
+
+# The signals that stop a run: a worker must not take them before WorkerSignals has set its handlers.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while DataLoader workers start. torch's worker lets a SIGTERM kill it
+    until its worker_init_fn (WorkerSignals) runs: a worker started with them held takes a SIGTERM sent in
+    that moment only once its handlers are set, and the training process takes it once the workers started."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks (and no SIGTERM from a scheduler)
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def default_workers(device: torch.device) -> int:

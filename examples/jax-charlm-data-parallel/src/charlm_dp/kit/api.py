@@ -1,0 +1,11 @@
+"""What your files use of the template: what a step returns, the schedules, per-sample random draws.
+
+Managed by the looptpl template. Import these from here, and the config from `kit.config`; the
+other modules of `kit` may change between template versions.
+"""
+
+from .collect import Gather, Mean, evaluation
+from .randomness import dropout, sample_keys
+from .schedules import warmup_schedule
+
+__all__ = ["Gather", "Mean", "dropout", "evaluation", "sample_keys", "warmup_schedule"]
