@@ -409,9 +409,14 @@ def test_no_file_is_held_twice_in_the_backends_trees():
         match = INCLUDE.fullmatch(path.read_text())
         assert match and (REPO_ROOT / match[1]).is_file(), f"templates/*/{path.relative_to(torch_tree)} is held twice"
         included.add(match[1])
-    # Parts of files that differ between the backends are included too (a logger, the step's checks).
-    for path in [*torch_tree.rglob("*.jinja"), *tensorflow_tree.rglob("*.jinja")]:
+    # Parts of files that differ between the backends are included too (a logger, the step's checks), by
+    # any backend's files (JAX's too) or by a shared file.
+    jax_tree, shared_tree = REPO_ROOT / "templates" / "jax", REPO_ROOT / "templates" / "shared"
+    for path in [*torch_tree.rglob("*.jinja"), *tensorflow_tree.rglob("*.jinja"), *jax_tree.rglob("*.jinja")]:
         included.update(INCLUDE.findall(path.read_text()))
+    for path in shared_tree.rglob("*"):
+        if path.is_file():
+            included.update(INCLUDE.findall(path.read_text()))
     shared = {
         str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "templates" / "shared").rglob("*") if path.is_file()
     }

@@ -5,7 +5,7 @@ checkpointed on 2 devices goes on exactly on one."""
 from pathlib import Path
 
 import pytest
-from test_training import records, split_samples, train
+from test_training import evaluated_samples, records, train
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_two_devices_accumulation_and_two_processes_train_like_one_device(runs: 
     for first, second in zip(one, two, strict=True):
         for name in ("train_loss", "val_loss", "val_accuracy"):
             assert second[name] == pytest.approx(first[name], rel=1e-5), name
-    assert one[-1]["val_samples"] == split_samples("val")  # every validation sample once, the padding left out
+    assert one[-1]["val_samples"] == evaluated_samples("val")  # every validation sample once, the padding left out
 
 
 def test_a_run_checkpointed_on_two_devices_goes_on_exactly_on_one(runs: Path, tmp_path: Path) -> None:

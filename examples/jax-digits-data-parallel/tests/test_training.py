@@ -1,6 +1,10 @@
 """The loop's contract on the CPU: resume equals no interruption, a run gets its own folder, SIGTERM stops
-with a checkpoint, BatchNorm's running statistics train and resume with the weights."""
+with a checkpoint, BatchNorm's running statistics train and resume with the weights.
 
+Every run gets settings.py's TEST_DEFAULTS first (`flags_for_tests`): there a project with a large corpus
+keeps its test runs to seconds, with {"steps_per_epoch": 8, "eval_batches": 2} say."""
+
+import functools
 import json
 import os
 import shutil
@@ -25,7 +29,7 @@ def train(
 ) -> subprocess.CompletedProcess[str]:
     """A run of 2 epochs; with `processes`, that many processes started by kit/launch.py (in a project with a
     mesh); `env` adds to its environment."""
-    flags = ("--run-dir", str(run_dir), "--epochs", "2", *flags)
+    flags = (*flags_for_tests(), "--run-dir", str(run_dir), "--epochs", "2", *flags)
     command = [sys.executable, "-m", "digits_dp.train", *flags]
     if processes:
         command = [sys.executable, "-m", "digits_dp.kit.launch", "--processes", str(processes), "--", *flags]
@@ -42,13 +46,34 @@ def epoch_ends(run_dir: Path) -> list[int]:
     return [record["step"] for record in records(run_dir)]
 
 
-def split_samples(name: str) -> int:
-    """How many samples data.py's split `name` (train, val, test) holds."""
+def evaluated_samples(name: str) -> int:
+    """The samples an evaluation of data.py's split `name` ("val", "test") uses: the whole split, or
+    --eval-batches x --eval-batch-size of it."""
     from digits_dp.data import build_datasets
     from digits_dp.kit.config import parse_config
     from digits_dp.kit.sampling import split_size
 
-    return split_size(dict(zip(("train", "val", "test"), build_datasets(parse_config([])), strict=True))[name])
+    config = parse_config(list(flags_for_tests()))
+    size = split_size(dict(zip(("train", "val", "test"), build_datasets(config), strict=True))[name])
+    return min(size, config.eval_batches * config.eval_batch_size or size)
+
+
+@functools.cache
+def flags_for_tests() -> tuple[str, ...]:
+    """settings.py's TEST_DEFAULTS as flags: every test run gets them, before the test's own flags."""
+    from digits_dp import settings  # imported here, once src/ is on the path
+    from digits_dp.kit.config import TrainConfig
+
+    flags: list[str] = []
+    for name, value in getattr(settings, "TEST_DEFAULTS", {}).items():  # a settings.py from before it has none
+        if name not in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"settings.py: TEST_DEFAULTS names {name}, which is no flag (see --help)")
+        option = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{option}" if value else f"--no-{option}")
+        else:
+            flags += [f"--{option}", str(value)]
+    return tuple(flags)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +103,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
 def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_exactly(
     uninterrupted: Path, tmp_path: Path
 ) -> None:
-    flags = ["--run-dir", str(tmp_path / "run"), "--epochs", "2", *DEVICES, "--log-every", "1"]
+    flags = [*flags_for_tests(), "--run-dir", str(tmp_path / "run"), "--epochs", "2", *DEVICES, "--log-every", "1"]
     command = [sys.executable, "-m", "digits_dp.train", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
@@ -99,7 +124,8 @@ def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_ex
 def test_kill_9_loses_at_most_the_updates_since_the_last_checkpoint(uninterrupted: Path, tmp_path: Path) -> None:
     # No handler runs on SIGKILL: what survives is the newest finished checkpoint (one kept), never a half-written one.
     run_dir, every = tmp_path / "run", 4
-    flags = ["--run-dir", str(run_dir), "--epochs", "2", *DEVICES, "--log-every", "1", "--checkpoint-every", str(every)]
+    flags = [*flags_for_tests(), "--run-dir", str(run_dir), "--epochs", "2", *DEVICES, "--log-every", "1"]
+    flags += ["--checkpoint-every", str(every)]
     command = [sys.executable, "-m", "digits_dp.train", *flags, "--keep-checkpoints", "1"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     steps, deadline = run_dir / "steps.jsonl", time.monotonic() + 300
