@@ -479,7 +479,8 @@ def test_new_from_an_example_keeps_its_package_name_by_default_and_dry_runs(tmp_
 EXAMPLE_MISTAKES = {
     "unknown example": (
         ["--example", "mnist"],
-        "--example mnist is not an example; choose one of: tf-charlm-mirrored, tf-digits-mirrored",
+        "--example mnist is not an example; choose one of: jax-charlm-data-parallel, jax-digits-data-parallel, "
+        "tf-charlm-mirrored",
     ),
     "conflicting strategy": (
         ["--example", "torch-gan-ddp", "--strategy", "fsdp"],

@@ -251,17 +251,35 @@ def test_two_optimizers_train_alike_on_devices_processes_and_micro_steps(tmp_pat
     assert float(judge_moved) == 0.0 and float(generator_moved) > 1e-3
 
 
-def test_a_loss_yielded_out_of_optim_py_order_is_one_line(tmp_path):
+# A user's mistakes with several optimizers, and the one line each gets: (file, its text, the line).
+SWAPPED = STEP.replace('yield "discriminator"', 'yield "DISC"').replace('yield "generator"', 'yield "discriminator"')
+MISTAKES = {
+    "out-of-order": (
+        "step.py",
+        SWAPPED.replace('yield "DISC"', 'yield "generator"'),
+        "train_step's yield number 1 gave 'generator'; yield 'discriminator', Mean() (optim.py's order: "
+        "discriminator, generator)",
+    ),
+    "unknown-part": (
+        "optim.py",
+        OPTIM.replace('"generator": optax', '"critic": optax'),
+        "optim.py has an optimizer 'critic' but model.py's model has no part 'critic' with weights",
+    ),
+    "returns-a-loss": (
+        "step.py",
+        STEP.replace('    yield "generator", Mean(', "    return Mean(").replace('yield "discriminator", ', "x = "),
+        "optim.py builds 2 optimizers (discriminator, generator): train_step must yield one `name, Mean(...)`",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_mistake_with_several_optimizers_is_one_line(tmp_path, mistake):
     gan = render(tmp_path / "gan")
-    step = gan / "src" / "gan" / "step.py"
-    swapped = STEP.replace('yield "discriminator"', 'yield "DISC"').replace(
-        'yield "generator"', 'yield "discriminator"'
-    )
-    step.write_text(swapped.replace('yield "DISC"', 'yield "generator"'))
+    file, text, line = MISTAKES[mistake]
+    (gan / "src" / "gan" / file).write_text(text)
     command = [sys.executable, "-m", "gan.train", "--run-dir", str(tmp_path / "run"), *FLAGS]
     done = run(command, cwd=gan, timeout=300, env={**os.environ, "PYTHONPATH": str(gan / "src")})
     assert done.returncode != 0
     assert "Traceback" not in done.stdout
-    assert "train_step's yield number 1 gave 'generator'; yield 'discriminator', Mean()" in done.stdout, done.stdout[
-        -2000:
-    ]
+    assert line in done.stdout, done.stdout[-2000:]
