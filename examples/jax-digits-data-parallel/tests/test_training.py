@@ -24,12 +24,17 @@ import pytest
 DEVICES: tuple[str, ...] = ()
 
 
+def run_flags(run_dir: Path, *flags: str) -> list[str]:
+    """The flags of a run of 2 epochs into `run_dir`: settings.py's TEST_DEFAULTS first, `flags` last."""
+    return [*flags_for_tests(), "--run-dir", str(run_dir), "--epochs", "2", *flags]
+
+
 def train(
     run_dir: Path, *flags: str, processes: int = 0, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A run of 2 epochs; with `processes`, that many processes started by kit/launch.py (in a project with a
     mesh); `env` adds to its environment."""
-    flags = (*flags_for_tests(), "--run-dir", str(run_dir), "--epochs", "2", *flags)
+    flags = tuple(run_flags(run_dir, *flags))
     command = [sys.executable, "-m", "digits_dp.train", *flags]
     if processes:
         command = [sys.executable, "-m", "digits_dp.kit.launch", "--processes", str(processes), "--", *flags]
@@ -103,7 +108,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
 def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_exactly(
     uninterrupted: Path, tmp_path: Path
 ) -> None:
-    flags = [*flags_for_tests(), "--run-dir", str(tmp_path / "run"), "--epochs", "2", *DEVICES, "--log-every", "1"]
+    flags = run_flags(tmp_path / "run", *DEVICES, "--log-every", "1")
     command = [sys.executable, "-m", "digits_dp.train", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
@@ -124,9 +129,8 @@ def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_ex
 def test_kill_9_loses_at_most_the_updates_since_the_last_checkpoint(uninterrupted: Path, tmp_path: Path) -> None:
     # No handler runs on SIGKILL: what survives is the newest finished checkpoint (one kept), never a half-written one.
     run_dir, every = tmp_path / "run", 4
-    flags = [*flags_for_tests(), "--run-dir", str(run_dir), "--epochs", "2", *DEVICES, "--log-every", "1"]
-    flags += ["--checkpoint-every", str(every)]
-    command = [sys.executable, "-m", "digits_dp.train", *flags, "--keep-checkpoints", "1"]
+    flags = (*DEVICES, "--log-every", "1", "--checkpoint-every", str(every), "--keep-checkpoints", "1")
+    command = [sys.executable, "-m", "digits_dp.train", *run_flags(run_dir, *flags)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     steps, deadline = run_dir / "steps.jsonl", time.monotonic() + 300
     while (not steps.exists() or len(steps.read_text().splitlines()) < 2 * every + 2) and time.monotonic() < deadline:
