@@ -8,16 +8,18 @@ into a byte-level language model. One device, 2 devices with 2 micro-steps each,
 """
 
 import inspect
+import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_parallel, jax_run, looptpl
+from conftest import in_parallel, jax_run, looptpl, run
 
 DATA = '''"""Lines of Python's own source as bytes, padded to one length: (tokens, mask) per sample."""
 
 import inspect
+import sys
 import textwrap
 
 import numpy as np
@@ -148,3 +150,28 @@ def test_a_mean_of_micro_batch_means_fails_the_same_check(tmp_path):
     one, two = one_and_two(render(tmp_path / "naive", naive), tmp_path)
     with pytest.raises(AssertionError):
         assert_alike(one, two, rel=1e-5)  # off by 1e-4 to 1e-3
+
+
+# A mistake in hooks.py, and the one line it gets: (the method replaced, its new body, the line).
+HOOK_MISTAKES = {
+    "raises": ("on_epoch_start", "1 / 0", "hooks.py:{line} failed in Hooks.on_epoch_start: ZeroDivisionError"),
+    "not-a-number": ("on_log", 'return {"note": "text"}', "hooks.py: on_log must return numbers, got 'note': str"),
+    "not-json": ("state_dict", "return {1j: 0}", "hooks.py: state_dict must return JSON-serializable values"),
+}
+
+
+@pytest.mark.parametrize("mistake", HOOK_MISTAKES)
+def test_a_mistake_in_hooks_is_one_line_naming_it(tmp_path, mistake):
+    created = looptpl("new", str(tmp_path / "hooked"), "--backend", "jax", "--strategy", "single", "--defaults")
+    assert created.exit_code == 0, created.stderr
+    method, body, message = HOOK_MISTAKES[mistake]
+    hooks = tmp_path / "hooked" / "src" / "hooked" / "hooks.py"
+    text = hooks.read_text()
+    header = next(line for line in text.splitlines() if line.startswith(f"    def {method}("))
+    hooks.write_text(text.replace(header, f"{header}\n        {body}"))
+    line = text.splitlines().index(header) + 2
+    command = [sys.executable, "-m", "hooked.train", "--run-dir", str(tmp_path / "run"), "--epochs", "1"]
+    done = run(command, cwd=tmp_path / "hooked", timeout=300, env={"PYTHONPATH": str(tmp_path / "hooked" / "src")})
+    output = done.stdout.strip().splitlines()  # its output and errors, together
+    assert done.returncode == 1 and "Traceback" not in done.stdout, done.stdout[-3000:]
+    assert output[-1].startswith("error: ") and message.format(line=line) in output[-1], output[-5:]

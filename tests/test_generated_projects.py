@@ -235,9 +235,9 @@ def test_todos_live_only_in_user_files(projects, strategy):
     yours = user_files(package)
     assert {"data.py", "model.py", "loss.py", "metrics.py", "optim.py"} <= yours
     with_todos = {path.name for path in package.glob("*.py") if "TODO" in path.read_text()}
-    # hooks.py is yours too, but optional: its defaults do nothing and ask for nothing (no JAX hooks yet).
+    # hooks.py is yours too, but optional: its defaults do nothing and ask for nothing.
     assert with_todos == yours - {"hooks.py"}
-    assert BACKEND_OF[strategy] == "jax" or "This file is yours" in (package / "hooks.py").read_text()
+    assert "This file is yours" in (package / "hooks.py").read_text()
     for path in package.rglob("*.py"):
         if path.parent != package or path.name not in yours | {"__init__.py"}:
             assert "Managed by the looptpl template" in path.read_text().split('"""')[1], path

@@ -11,7 +11,7 @@ compiled update and evaluation), `fit` runs the epochs and `train_epoch` the upd
 is the update itself, one compiled function: the exact gradient of the global-batch mean with the
 micro-steps scanned (`make_gradient`), clipping, the optimizer (each of several in turn, a GAN's).
 distributed.py holds the mesh and how batches are placed on it; your code lives in
-data.py, model.py, step.py, loss.py, metrics.py, optim.py and settings.py.
+data.py, model.py, step.py, loss.py, metrics.py, optim.py, hooks.py and settings.py.
 """
 
 import json
@@ -32,7 +32,8 @@ from flax import nnx
 from . import distributed
 from .data import build_datasets
 from .distributed import Runtime
-from .kit.callbacks import EarlyStopping
+from .hooks import Hooks
+from .kit.callbacks import EarlyStopping, HookCaller, Run
 from .kit.checkpoint import Checkpoints
 from .kit.collect import Mean, check_dataset_figures, check_eval_values, only_rows, stage_loss
 from .kit.config import FIXED_FOR_A_RUN, TrainConfig, check_resumable, parse_config
@@ -136,12 +137,17 @@ class Trainer:
         self.progress = ProgressBar(config.progress and runtime.is_main)
         self.speed = UpdateSpeed()
         self.stop_signal, self.stopped = 0, ""
+        # hooks.py: what it sees of the run, and its methods, called at fixed points of the run.
+        self.run = Run(config, jax.process_index(), jax.process_count(), self.current_model)
+        self.shown: State | None = None  # the state run.model() holds, if not the training state
+        self.hook = HookCaller(Hooks, config, self.run)
         for signum in SIGNALS:
             signal.signal(signum, self._request_stop)
 
     def fit(self) -> dict[str, Any] | None:
         """Train the remaining epochs, validating after each (the best so far by --monitor is checkpointed as
-        such; --early-stop-patience may end the run early); then test. None if stopped part-way."""
+        such; --early-stop-patience or a hook may end the run early); then test. None if stopped part-way."""
+        self.hook("on_run_start", self.run)
         stopped_early = False
         for epoch in range(self.epoch, self.epochs):
             train_losses = self.train_epoch(epoch)
@@ -151,11 +157,13 @@ class Trainer:
             if self.config.nan_policy == "skip":
                 record["skipped_updates"] = int(self.running[:, 2].sum())
             is_best = self.early_stopping.update(record, epoch + 1)  # the same on every process: global figures
+            self.epoch, self.position, self.running = epoch + 1, 0, self.stages.zeros()
+            self.run.epoch = self.epoch
+            self.hook("on_epoch_end", self.run, record)  # before the checkpoint, which holds the hooks' state
             if self.logger is not None:
                 self.logger.log(record)
-            self.epoch, self.position, self.running = epoch + 1, 0, self.stages.zeros()
             self.save(best=is_best)
-            if self.early_stopping.should_stop:
+            if self.early_stopping.should_stop or self.hook_stops():
                 stopped_early = True
                 break
         return self.test(stopped_early)
@@ -165,6 +173,8 @@ class Trainer:
         best = self.early_stopping
         summary: dict[str, Any] = {"epochs_run": self.epoch, "steps": self.updates, "stopped_early": stopped_early}
         summary |= {"best_epoch": best.best_epoch, f"best_{self.config.monitor}": best.best}
+        if self.run.stop_reason:
+            summary["stop_reason"] = self.run.stop_reason
         if self.test_split is None:  # the best epoch's validation figures instead
             summary |= best.best_validation
         elif self.config.test_on == "last" or best.best_epoch == self.epoch:
@@ -174,13 +184,25 @@ class Trainer:
             best_end = min(best.best_epoch * self.order.updates_per_epoch, self.total_updates)
             weights, _ = self.checkpoints.restore(best_end, self.state)
             summary |= {"tested_checkpoint": f"best (epoch {best.best_epoch})", **self.evaluate("test", weights)}
+        self.hook("on_run_end", self.run, summary)
         if self.logger is not None:
             self.logger.close(summary)
         return summary
 
+    def hook_stops(self) -> bool:
+        """Whether a hook asked to end the run (`run.request_stop`), on any process: then every process stops."""
+        if not distributed.any_process(bool(self.run.stop_reason)):
+            return False
+        self.run.stop_reason = self.run.stop_reason or "a hook asked, on another process"
+        if self.runtime.is_main:
+            print(f"stopping: {self.run.stop_reason}", flush=True)
+        return True
+
     def train_epoch(self, epoch: int) -> dict[str, float] | None:
         """Train on (the rest of) one epoch; its mean training loss (each stage's), or None if stopped part-way
-        (checkpointed): by --stop-after-step, SIGTERM or Ctrl-C."""
+        (checkpointed): by --stop-after-step, SIGTERM or Ctrl-C. A hook that ends the run ends the epoch at the next
+        --log-every updates."""
+        self.hook("on_epoch_start", self.run, epoch + 1)
         end = min(self.order.updates_per_epoch, self.total_updates - epoch * self.order.updates_per_epoch)
         self.progress.start(epoch + 1, self.epochs, end, self.position)
         self.speed.restart(self.position, 0)
@@ -191,6 +213,8 @@ class Trainer:
             self.state, sums = self.update(self.state, *self.load(self.train_split, indices, rows), epoch)
             pending.append(sums)
             self.position, self.updates, samples = update + 1, self.updates + 1, samples + count
+            self.run.step = self.updates
+            self.hook("after_update", self.run)
             stop = False
             # --eval-every: validate inside the epoch too (its end validates anyway), logged to steps.jsonl.
             validate = bool(self.config.eval_every) and self.updates % self.config.eval_every == 0
@@ -200,6 +224,8 @@ class Trainer:
                 pending = []
                 # A SIGTERM may reach some processes only: if any got one, every process stops here.
                 stop = distributed.any_process(bool(self.stop_signal))
+                if distributed.any_process(bool(self.run.stop_reason)):  # a hook ends the run: the epoch ends here
+                    break  # and fit validates, checkpoints and tests
             stop = stop or self.updates == self.config.stop_after_step
             every = self.config.checkpoint_every
             if self.position < end and (stop or (every and self.updates % every == 0)):
@@ -238,6 +264,7 @@ class Trainer:
         record |= self.speed.figures(self.position, samples)
         if validate:  # every process evaluates: the figures are global
             record |= self.evaluate("val")
+        record |= self.hook.added("on_log", record)
         if self.logger is not None:
             self.logger.log_step(record)
         self.speed.restart(self.position, samples)
@@ -253,13 +280,16 @@ class Trainer:
     def evaluate(self, split_name: str, state: State | None = None) -> dict[str, float]:
         """Every value eval_step returns, averaged over the whole split: val_<name> or test_<name>, of the
         training state's weights (or those of `state`); with --ema-decay, of their moving average too, named
-        val_ema_<name> or test_ema_<name>."""
+        val_ema_<name> or test_ema_<name>; and what hooks.py's after_evaluation adds."""
         state = state or self.state
         figures = self.evaluate_weights(split_name, state["params"], state["rest"])
         if "ema" in state:
             averaged = self.evaluate_weights(split_name, state["ema"], state["rest"])
             del averaged[f"{split_name}_samples"]
             figures |= {name.replace(split_name, f"{split_name}_ema", 1): value for name, value in averaged.items()}
+        self.shown = state  # what run.model() holds in after_evaluation: the weights evaluated
+        figures |= self.hook.added("after_evaluation", split_name, figures)
+        self.shown = None
         return figures
 
     def evaluate_weights(self, split_name: str, params: dict[str, nnx.State], rest: nnx.State) -> dict[str, float]:
@@ -294,6 +324,7 @@ class Trainer:
         position: dict[str, Any] = {"epoch": self.epoch, "position": self.position, "updates": self.updates}
         position["running"] = self.running.tolist()  # the epoch's loss sums so far
         position["early_stopping"] = self.early_stopping.state_dict()
+        position["hooks"] = self.hook.state_json()  # hooks.py's state_dict
         fixed = [name for name in FIXED_FOR_A_RUN if hasattr(self.config, name)]
         position["config"] = {name: getattr(self.config, name) for name in fixed}  # a resumed run must keep them
         self.checkpoints.save(self.updates, self.state, position, best)
@@ -308,10 +339,19 @@ class Trainer:
         self.epoch, self.position, self.updates = position["epoch"], position["position"], position["updates"]
         self.running = np.asarray(position["running"], dtype=np.float64)
         self.early_stopping.load_state_dict(position["early_stopping"])
+        self.hook("load_state_dict", json.loads(position["hooks"]))
         if self.logger is not None and (problem := self.logger.keep_until(self.epoch, self.updates)):
             raise ConfigError(f"--resume: {problem}")
         if self.epoch < self.epochs and self.position >= self.order.updates_per_epoch:
             self.epoch, self.position = self.epoch + 1, 0
+        self.run.epoch, self.run.step = self.epoch, self.updates
+
+    def current_model(self) -> nnx.Module:
+        """The model with the training state's weights (or the evaluated ones), in eval mode: a hook's `run.model()`."""
+        state = self.shown or self.state
+        model = nnx.merge(self.graphdef, *state["params"].values(), state["rest"])
+        model.eval()
+        return model
 
     def _request_stop(self, signum: int, frame: object) -> None:
         """SIGTERM or Ctrl-C: stop at the next --log-every boundary, with a checkpoint. A second Ctrl-C: now."""
