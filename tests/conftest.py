@@ -240,13 +240,14 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def jax_run(project: Path, run_dir: Path, *flags: str, processes: int = 0) -> list[dict]:
-    """A JAX project's training run, and its epoch records; `processes` of them started by kit/launch.py."""
+    """A JAX project's training run, and its epoch records (none, for a run stopped in its first epoch);
+    `processes` of them started by kit/launch.py."""
     module = "kit.launch" if processes else "train"
     launch = ("--processes", str(processes), "--") if processes else ()
     command = [sys.executable, "-m", f"{project.name}.{module}", *launch, "--run-dir", str(run_dir), *flags]
     done = run(command, cwd=project, timeout=600, env={"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-5000:]
-    return records(run_dir)
+    return records(run_dir) if (run_dir / "metrics.jsonl").exists() else []
 
 
 def doc_blocks(section: str) -> dict[str, str]:

@@ -43,8 +43,9 @@ from .kit.precision import computing_in
 from .kit.randomness import sample_keys_of
 from .kit.rundir import prepare_run_dir
 from .kit.runs import closing_lines, opening_line
-from .kit.sampling import TrainOrder, eval_batches, evaluated, split_size, take
+from .kit.sampling import GlobalBatch, TrainOrder, eval_batches, take
 from .kit.stages import Stages
+from .kit.streaming import TrainStream, is_stream, stream_eval_batches
 from .metrics import dataset_metrics
 from .model import build_model
 from .optim import build_optimizer
@@ -105,9 +106,13 @@ class Trainer:
     def __init__(self, config: TrainConfig, runtime: Runtime, splits: tuple[Any, Any, Any]) -> None:
         self.config, self.runtime = config, runtime
         self.train_split, self.val_split, self.test_split = splits
-        size = split_size(self.train_split)
-        self.order = TrainOrder(
-            size, config.global_batch_size, config.grad_accum_steps, config.seed, config.steps_per_epoch
+        # The global batches: of each epoch's shuffle, or of a stream (one epoch of --max-steps updates) in its order.
+        self.order: TrainOrder | TrainStream = (
+            TrainStream(self.train_split, config)
+            if is_stream(self.train_split)
+            else TrainOrder(
+                self.train_split, config.global_batch_size, config.grad_accum_steps, config.seed, config.steps_per_epoch
+            )
         )
         self.epochs = config.epochs if not config.max_steps else -(-config.max_steps // self.order.updates_per_epoch)
         self.total_updates = config.max_steps or self.epochs * self.order.updates_per_epoch
@@ -209,10 +214,10 @@ class Trainer:
         pending = []  # each update's sums since the last check, still on the devices
         samples = 0  # trained in this epoch since it (re)started
         for update in range(self.position, end):
-            indices, rows, count = self.order.update(epoch, update)
-            self.state, sums = self.update(self.state, *self.load(self.train_split, indices, rows), epoch)
+            batch = self.order.update(epoch, update)
+            self.state, sums = self.update(self.state, *self.load(batch), batch.epoch)
             pending.append(sums)
-            self.position, self.updates, samples = update + 1, self.updates + 1, samples + count
+            self.position, self.updates, samples = update + 1, self.updates + 1, samples + batch.samples
             self.run.step = self.updates
             self.hook("after_update", self.run)
             stop = False
@@ -245,6 +250,7 @@ class Trainer:
         """The updates since the last check: their loss sums added to the epoch's, checked for NaN/inf, logged to
         steps.jsonl with the validation figures if `validate`. Reading them waits for the devices: only every
         --log-every updates."""
+        self.check_stream_place()
         sums = np.asarray(jax.device_get(jnp.stack(pending)), dtype=np.float64)  # [updates, stages, 4]
         window, streak = sums[..., :3].sum(axis=0), int(sums[..., 3].max())  # [total, weight, skipped]; in a row
         if not np.isfinite(window).all():
@@ -269,13 +275,23 @@ class Trainer:
             self.logger.log_step(record)
         self.speed.restart(self.position, samples)
 
-    def load(self, split: Any, indices: np.ndarray, rows: np.ndarray) -> tuple[Any, jax.Array, jax.Array]:
-        """A batch (`indices` [micro-steps, rows]) as global arrays: its samples, which rows are samples, and
-        their indices in the split. This process loads only its own rows."""
-        mine = distributed.local_rows(indices.shape[1], self.runtime)
+    def check_stream_place(self) -> None:
+        """With a stream, check that every process is at the same place of it (every process must call this).
+        Each reads the whole stream: streams of different lengths would train the processes on different passes."""
+        if not isinstance(self.order, TrainStream):
+            return
+        place = self.order.place()
+        if distributed.any_process(distributed.process0_number(place) != place):
+            raise self.order.out_of_step(self.updates)
+
+    def load(self, batch: GlobalBatch) -> tuple[Any, jax.Array, jax.Array]:
+        """A batch as global arrays [micro-steps, rows, ...]: its samples, which rows are samples, and their
+        indices in the split (a stream's: their places in its pass). This process loads only its own rows."""
+        mine = distributed.local_rows(batch.indices.shape[1], self.runtime)
+        indices = batch.indices[:, mine]
         with in_your_code("loading a batch"):
-            local = take(split, indices[:, mine])
-        return distributed.global_batch((local, rows[:, mine], indices[:, mine].astype(np.int32)), 1, self.runtime)
+            local = take(batch.source, indices)
+        return distributed.global_batch((local, batch.rows[:, mine], indices.astype(np.int32)), 1, self.runtime)
 
     def evaluate(self, split_name: str, state: State | None = None) -> dict[str, float]:
         """Every value eval_step returns, averaged over the whole split: val_<name> or test_<name>, of the
@@ -299,15 +315,16 @@ class Trainer:
         totals: dict[str, np.ndarray] = {}
         gathered: dict[str, list[np.ndarray]] = {}
         samples = 0
-        samples_used = evaluated(split_size(split), self.config.eval_batches * self.config.eval_batch_size)
-        for indices, rows, count in eval_batches(samples_used, self.config.eval_batch_size):
-            batch, batch_rows, _ = self.load(split, indices, rows)
-            sums, batch_gathered = distributed.to_host(self.evaluate_batch(params, rest, batch, batch_rows))
+        used = self.config.eval_batches * self.config.eval_batch_size  # 0: the whole split
+        read = stream_eval_batches if is_stream(split) else eval_batches
+        for batch in read(split, used, self.config.eval_batch_size, split_name):
+            arrays, rows, _ = self.load(batch)
+            sums, batch_gathered = distributed.to_host(self.evaluate_batch(params, rest, arrays, rows))
             for name, pair in sums.items():
                 totals[name] = totals.get(name, 0.0) + np.asarray(pair, dtype=np.float64)
             for name, values in batch_gathered.items():  # a Gather's rows of samples, the padding left out
-                gathered.setdefault(name, []).append(values[rows[0] == 1])
-            samples += count
+                gathered.setdefault(name, []).append(values[batch.rows[0] == 1])
+            samples += batch.samples
         means = {name: float(total / max(weight, 1e-12)) for name, (total, weight) in totals.items()}
         with in_your_code(f"in dataset_metrics on the {split_name} split"):
             extra = dataset_metrics(means, {name: np.concatenate(parts) for name, parts in gathered.items()})
@@ -325,6 +342,7 @@ class Trainer:
         position["running"] = self.running.tolist()  # the epoch's loss sums so far
         position["early_stopping"] = self.early_stopping.state_dict()
         position["hooks"] = self.hook.state_json()  # hooks.py's state_dict
+        position |= self.order.state_dict()  # a stream's place: its pass, and the batches of it done
         fixed = [name for name in FIXED_FOR_A_RUN if hasattr(self.config, name)]
         position["config"] = {name: getattr(self.config, name) for name in fixed}  # a resumed run must keep them
         self.checkpoints.save(self.updates, self.state, position, best)
@@ -340,6 +358,7 @@ class Trainer:
         self.running = np.asarray(position["running"], dtype=np.float64)
         self.early_stopping.load_state_dict(position["early_stopping"])
         self.hook("load_state_dict", json.loads(position["hooks"]))
+        self.order.load_state_dict(position)
         if self.logger is not None and (problem := self.logger.keep_until(self.epoch, self.updates)):
             raise ConfigError(f"--resume: {problem}")
         if self.epoch < self.epochs and self.position >= self.order.updates_per_epoch:

@@ -20,8 +20,10 @@ def build_datasets(config: TrainConfig) -> tuple[Any, Any, Any | None]:
 
     A split is NumPy arrays with one row per sample, as a tuple or a dict (a batch is then the same
     tuple or dict, each array cut to the batch's rows), or a dataset with __len__ and __getitem__
-    whose items are such arrays. Every process calls this with the same config and must get the same
-    splits: the loop gives each process its rows, so do not shard here.
+    whose items are such arrays, or a stream: an object whose __iter__ yields such items, pass after
+    pass, for data that does not fit in memory (train it for --max-steps; docs/jax.md). Every process
+    calls this with the same config and must get the same splits: the loop gives each process its
+    rows, so do not shard here.
     """
     # TODO(data): load your data here instead of the synthetic task below. The sizes are odd on
     # purpose: they exercise the short last batch and padded evaluation batches.
