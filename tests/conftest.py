@@ -1,5 +1,6 @@
 """Shared helpers: render projects through the CLI and run commands with hard timeouts."""
 
+import atexit
 import importlib
 import json
 import math
@@ -30,6 +31,14 @@ sys.path.append(str(REPO_ROOT / "templates" / "shared" / "tests"))
 TORCH = ("torch", "torch.distributed.checkpoint.state_dict", "torch._dynamo")
 TENSORFLOW = ("tensorflow",)
 
+# The JAX runs of this process (a pytest-xdist worker) share one compilation cache, as the generated JAX projects'
+# tests do (templates/jax/tests/conftest.py): a run reads back the update an earlier run compiled.
+JAX_CACHE = tempfile.mkdtemp(prefix="jax-compilation-cache-")
+atexit.register(shutil.rmtree, JAX_CACHE, ignore_errors=True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
 
 # Modules with the most training first, so pytest-xdist's two workers (pyproject.toml: loadscope, in collection
 # order) start on the long ones and the short ones fill in at the end; a module not named here comes after these.
@@ -41,6 +50,8 @@ LONGEST_FIRST = (
     "test_examples.py",
     "test_streaming_tf.py",
     "test_streaming.py",
+    "test_streaming_jax.py",
+    "test_gan_jax.py",
     "test_docs.py",
     "test_generated_projects.py",
     "test_backend_parity.py",

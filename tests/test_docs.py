@@ -188,6 +188,15 @@ COVERED = (
                 "the TensorFlow multi-worker script, run with stand-ins for srun and scontrol",
                 project="multi-worker",
             ),
+            Covered(
+                "",
+                "tests/test_slurm_jax.py",
+                (
+                    "def test_the_slurm_script_joins_the_processes_and_restarts_them_after_a_kill",
+                    '"scripts/slurm.sbatch"',
+                ),
+                "the JAX data-parallel script, run with stand-ins for srun and scontrol",
+            ),
         ),
     ),
     Covered(

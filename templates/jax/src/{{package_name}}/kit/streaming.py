@@ -1,5 +1,6 @@
-"""Streams: a split that data.py gives as an iterable of samples without a length. Managed by the looptpl
-template: edit data.py instead.
+"""Streams: a split that data.py gives as an iterable of samples without a length.
+
+Managed by the looptpl template: edit data.py instead.
 
 Every process reads the whole stream, in the order data.py yields it, and loads its own rows of each
 batch, so data.py must yield the same samples in the same order in every process, and must not shard.
