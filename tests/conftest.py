@@ -50,8 +50,6 @@ LONGEST_FIRST = (
     "test_examples.py",
     "test_streaming_tf.py",
     "test_streaming.py",
-    "test_streaming_jax.py",
-    "test_gan_jax.py",
     "test_docs.py",
     "test_generated_projects.py",
     "test_backend_parity.py",
