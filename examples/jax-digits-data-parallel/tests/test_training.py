@@ -108,7 +108,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
 def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_exactly(
     uninterrupted: Path, tmp_path: Path
 ) -> None:
-    flags = run_flags(tmp_path / "run", *DEVICES, "--log-every", "1")
+    # With --async-checkpoints: the checkpoint the signal asks for is written in the background, and finished
+    # before the run exits.
+    flags = run_flags(tmp_path / "run", *DEVICES, "--log-every", "1", "--async-checkpoints")
     command = [sys.executable, "-m", "digits_dp.train", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
@@ -121,7 +123,7 @@ def test_sigterm_stops_at_a_log_boundary_with_a_checkpoint_and_resume_goes_on_ex
     output = "".join(lines) + output
     assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "stopped by SIGTERM after update" in output
-    resumed = train(tmp_path / "run", *DEVICES, "--log-every", "1", "--resume")
+    resumed = train(tmp_path / "run", *DEVICES, "--log-every", "1", "--async-checkpoints", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(tmp_path / "run", uninterrupted)
 

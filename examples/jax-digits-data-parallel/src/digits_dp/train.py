@@ -84,6 +84,7 @@ def run(config: TrainConfig, runtime: Runtime) -> int:
     if config.resume:
         trainer.resume()
     summary = trainer.fit()
+    trainer.checkpoints.wait()  # with --async-checkpoints, the last checkpoint is written before the run ends
     if summary is None:
         if runtime.is_main:
             again = f"--resume --run-dir {config.run_dir}"
@@ -134,7 +135,8 @@ class Trainer:
         placement = jax.tree.map(lambda array: array.sharding, self.state)  # each array's devices, kept by the update
         self.update = make_update(self.graphdef, self.stages, config, placement)
         self.evaluate_batch, self.units = make_evaluation(self.graphdef, config)
-        self.checkpoints = Checkpoints(Path(config.run_dir) / "checkpoints", config.keep_checkpoints)
+        folder = Path(config.run_dir) / "checkpoints"
+        self.checkpoints = Checkpoints(folder, config.keep_checkpoints, config.async_checkpoints)
         self.epoch, self.position, self.updates = 0, 0, 0  # where the run is: epoch, updates done in it, in all
         self.running = self.stages.zeros()  # per stage, the epoch's [sum of w_i l_i, sum of w_i, updates skipped]
         self.early_stopping = EarlyStopping(config.monitor, config.monitor_mode, config.early_stop_patience)

@@ -121,6 +121,13 @@ class TrainConfig(Settings):
     keep_checkpoints: int = field(
         default=2, metadata={"help": "Checkpoints kept besides the best (epoch ends and --checkpoint-every alike)."}
     )
+    async_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "Write checkpoints in a background thread while training goes on (Orbax's asynchronous "
+            "checkpointing): an update waits only for the state's copy to host memory."
+        },
+    )
     eval_every: int = field(
         default=0,
         metadata={

@@ -3,7 +3,9 @@ it is, beside the run's position in its data. Managed by the looptpl template.
 
 Every process calls `save` (each writes its own shards). Orbax writes a checkpoint into a temporary
 folder, renames it into place and marks it with commit_success.txt: a checkpoint without the mark
-(a run killed while writing) is never read back.
+(a run killed while writing) is never read back. With --async-checkpoints the writing goes on in a
+background thread once the state is copied to host memory; the next save, a restore and `wait` wait
+for it.
 """
 
 import json
@@ -21,15 +23,15 @@ COMMITTED = "commit_success.txt"
 class Checkpoints:
     """The checkpoints of a run in `folder`, by update count: the newest `keep`, and the best epoch's."""
 
-    def __init__(self, folder: Path, keep: int) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, keep: int, asynchronous: bool = False) -> None:
+        self.folder, self.asynchronous = folder, asynchronous
         policies = ocp.checkpoint_managers
         # The best is the newest saved as best: Orbax keeps the highest "best" value, the update count.
         best = policies.BestN(
             get_metric_fn=lambda metrics: metrics["best"], n=1, keep_checkpoints_without_metrics=False
         )
         kept = policies.AnyPreservationPolicy([policies.LatestN(n=keep), best])
-        options = ocp.CheckpointManagerOptions(preservation_policy=kept, enable_async_checkpointing=False)
+        options = ocp.CheckpointManagerOptions(preservation_policy=kept, enable_async_checkpointing=asynchronous)
         self.manager = ocp.CheckpointManager(folder.absolute(), options=options)
 
     def save(self, updates: int, state: Any, position: dict[str, Any], best: bool = False) -> None:
@@ -38,6 +40,11 @@ class Checkpoints:
         meta = ocp.args.JsonSave(position)
         arguments = ocp.args.Composite(state=ocp.args.StandardSave(state), position=meta)
         self.manager.save(updates, args=arguments, metrics={"best": updates} if best else None)
+        if not self.asynchronous:
+            self.manager.wait_until_finished()
+
+    def wait(self) -> None:
+        """Wait until the checkpoint being written (--async-checkpoints) is finished, marked and kept."""
         self.manager.wait_until_finished()
 
     def latest(self) -> int | None:
@@ -47,6 +54,7 @@ class Checkpoints:
 
     def restore(self, updates: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The state saved at `updates`, placed as `like` is (its shapes, types and shardings), and the position."""
+        self.wait()
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         try:
             restored = self.manager.restore(
