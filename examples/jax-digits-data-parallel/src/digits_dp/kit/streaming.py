@@ -31,13 +31,16 @@ def is_stream(split: Any) -> bool:
     return not isinstance(split, tuple | dict) and hasattr(split, "__iter__") and not hasattr(split, "__len__")
 
 
-def check_stream(split: Any, name: str) -> None:
-    """A stream must start again at each pass and evaluation: an iterator (a generator's output) cannot."""
-    if iter(split) is split:
+def read(stream: Any, name: str) -> Iterator[Any]:
+    """A new pass over the split `name`, a stream: it must start again at each pass and evaluation, which an
+    iterator (a generator's output) cannot."""
+    samples = iter(stream)
+    if samples is stream:
         raise DataError(
             f"data.py: the {name} split is an iterator, which can be read once; return an object whose __iter__ "
             "starts the stream again (a class with an __iter__ method)"
         )
+    return samples
 
 
 class Window:
@@ -64,17 +67,17 @@ class TrainStream:
                 "--steps-per-epoch: data.py's train set is a stream, whose epoch is --max-steps updates; drop the "
                 "flag, or give data.py's train set a length"
             )
-        check_stream(stream, "train")
         self.stream, self.size, self.updates_per_epoch = stream, None, config.max_steps
         self.global_batch_size, self.grad_accum_steps = config.global_batch_size, config.grad_accum_steps
         self.position = (0, 0)  # (pass, global batches of it trained on): where the next update reads
-        self._samples: Iterator[Any] | None = None  # the pass being read, from `position`
+        # The pass being read, from `position`: the first pass, until a resumed run says where it goes on.
+        self._samples: Iterator[Any] | None = self._read(0, skip=0)
 
     def update(self, epoch: int, update: int) -> GlobalBatch:
         """The next global batch (`epoch` and `update` count the run's updates; the stream reads in order)."""
         size = self.global_batch_size
         passed, done = self.position
-        if self._samples is None:  # the first update of this run: read up to where the run is
+        if self._samples is None:  # the first update of a resumed run: read up to where it stopped
             self._samples = self._read(passed, skip=done * size)
         batch = list(itertools.islice(self._samples, size))
         if not batch:  # the pass has ended: the next one starts
@@ -106,7 +109,7 @@ class TrainStream:
         """Pass `passed` over the stream, from its sample `skip` on."""
         if hasattr(self.stream, "set_epoch"):
             self.stream.set_epoch(passed)
-        return itertools.islice(iter(self.stream), skip, None)
+        return itertools.islice(read(self.stream, "train"), skip, None)
 
     def state_dict(self) -> dict[str, Any]:
         """Where a resumed run goes on: the pass, and the global batches of it trained on."""
@@ -118,10 +121,9 @@ class TrainStream:
 
 def stream_eval_batches(stream: Any, samples: int, batch_size: int, name: str) -> Iterator[GlobalBatch]:
     """The evaluation batches of a stream (all of it, or its first `samples`), in order, padded alike."""
-    check_stream(stream, name)
-    read = itertools.islice(iter(stream), samples or None)
+    used = itertools.islice(read(stream, name), samples or None)
     first = 0
-    while batch := list(itertools.islice(read, batch_size)):
+    while batch := list(itertools.islice(used, batch_size)):
         places = np.arange(first, first + len(batch))
         yield GlobalBatch(Window(first, batch), *pad(places, batch_size, 1), 0)
         first += len(batch)
