@@ -6,7 +6,8 @@ project's task, with a larger train split) and the same global batch:
 
   generated     the project's own `train.main()`, i.e. `Trainer.fit()` with the progress bar,
                 the metric logger, validation and checkpoints on; only `train_epoch` is timed
-  hand-written  DataLoader(TensorDataset, shuffle=True), AdamW, clip_grad_norm_, loss.mean()
+  hand-written  DataLoader(TensorDataset, shuffle=True), AdamW, clip_grad_norm_, loss.mean(); with
+                --hand-batched, each batch one index of each tensor, as the generated loop fetches it
   lightning     lightning.Trainer on CPU, 1 device, no logger, bar, checkpoints or validation
   no-hook       with --hook-cost: the generated loop from a second render whose train.py has the
                 after_update hook call deleted; generated / no-hook is what the default (no-op)
@@ -43,7 +44,7 @@ import tempfile
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -77,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--hand-schedule",
         action="store_true",
         help="Give the hand-written loop the project's warmup+cosine LambdaLR too (the generated loop always has it).",
+    )
+    parser.add_argument(
+        "--hand-batched",
+        action="store_true",
+        help="Give the hand-written loop the generated loop's data path for a TensorDataset: each batch one index "
+        "of each tensor (by a shuffled permutation), in place of DataLoader's row-by-row fetch and collate. "
+        "generated / hand-written is then what the rest of the generated loop costs.",
     )
     parser.add_argument("--skip-lightning", action="store_true", help="Time only generated and hand-written.")
     parser.add_argument(
@@ -256,7 +264,7 @@ def run_hand_written(run: Run, round_index: int) -> list[tuple[float, float]]:
         clock.start()
         model.train()
         loss_sum = torch.zeros(())
-        for inputs, targets in loader:
+        for inputs, targets in batches_of(loader, run.args.hand_batched):
             loss = F.cross_entropy(model(inputs), targets, reduction="none")
             loss.mean().backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -268,6 +276,15 @@ def run_hand_written(run: Run, round_index: int) -> list[tuple[float, float]]:
         print(f"hand-written epoch {epoch + 1}: train_loss {loss_sum.item() / len(run.datasets[0]):.4f}", flush=True)
         clock.stop()
     return run.timed(clock)
+
+
+def batches_of(loader: DataLoader, whole: bool) -> Iterable[list[torch.Tensor]]:
+    """The loader's batches, or (`whole`) the same shuffle's batches each fetched at once from its TensorDataset."""
+    if not whole:
+        return loader
+    tensors = loader.dataset.tensors  # type: ignore[attr-defined]
+    order = torch.randperm(len(tensors[0]))
+    return ([tensor[indices] for tensor in tensors] for indices in order.split(loader.batch_size))  # type: ignore[arg-type]
 
 
 def run_lightning(run: Run, round_index: int) -> list[tuple[float, float]]:
@@ -381,6 +398,7 @@ def report(
         f"batch {args.batch_size}, {args.warmup_epochs} warmup + {args.epochs} timed epochs x {args.rounds} rounds; "
         f"progress bar {args.progress}; augmentation {f'drawn from {args.augment}' if args.augment else 'off'}; "
         f"hand-written schedule {'warmup+cosine' if args.hand_schedule else 'none'}; "
+        f"hand-written batches {'fetched whole' if args.hand_batched else 'from DataLoader'}; "
         f"template {template_revision()}; {elapsed:.0f}s; load average {load[0]:.1f} -> {load[1]:.1f}"
     )
     if max(load) > cores:

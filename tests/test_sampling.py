@@ -236,3 +236,44 @@ def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, k
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
     after = numpy.random.get_state()
     assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached
+
+
+def test_a_tensor_data_sets_batches_are_fetched_whole_and_are_what_default_collate_makes(sampling):
+    # With data.py's collate left as torch's default_collate, a TensorDataset's batch (or a Subset's, as
+    # random_split makes) is each tensor indexed at once: the same batches, train and evaluation, on every
+    # rank and micro-step, as the row-by-row path with a collate of data.py's own.
+    import importlib
+
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset, default_collate
+
+    loaders = importlib.import_module("sampled.kit.loaders")
+    config = importlib.import_module("sampled.kit.config").parse_config(
+        ["--device", "cpu", "--global-batch-size", "20", "--grad-accum-steps", "2", "--eval-batch-size", "8"]
+    )
+    generator = torch.Generator().manual_seed(0)
+    base = TensorDataset(torch.randn(103, 3, generator=generator), torch.arange(103), torch.rand(103).double())
+    train = Subset(base, torch.randperm(103, generator=generator)[:91])
+    datasets = (train, base, TensorDataset(torch.arange(17.0)))
+
+    def batches(collate, rank):
+        split = loaders.Loaders(datasets, config, rank, 2, torch.device("cpu"), collate)
+        updates = split.start_epoch(1, 0)
+        trained = [split.next_update(updates, update) for update in range(split.updates_per_epoch)]
+        evaluated = [list(split.evaluation_batches(name)) for name in ("val", "test")]
+        return split, trained, evaluated
+
+    def same(left, right):
+        if isinstance(left, torch.Tensor):
+            return left.dtype == right.dtype and torch.equal(left, right)
+        if isinstance(left, list | tuple):
+            return type(left) is type(right) and len(left) == len(right) and all(map(same, left, right))
+        return left == right
+
+    for rank in range(2):
+        fast, *fetched = batches(default_collate, rank)
+        slow, *collated = batches(lambda items: default_collate(items), rank)
+        assert fast.train.dataset.rows is not None and slow.train.dataset.rows is None  # the one path and the other
+        assert same(fetched, collated)
+    subclass = type("Mine", (TensorDataset,), {"__getitem__": lambda self, index: self.tensors[0][index]})
+    others = [subclass(torch.arange(3)), ConcatDataset([base, base]), Subset(Subset(base, [1, 2]), [0])]
+    assert [sampling.TensorRows.of(dataset) for dataset in others] == [None] * 3  # each row by row, as before
