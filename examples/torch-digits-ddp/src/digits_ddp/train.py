@@ -302,9 +302,12 @@ class Trainer:
         batches = self.loaders.start_epoch(epoch, first)
         self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end, first)
-        zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64, device=self.runtime.device)
-        running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros.clone(), "skipped": 0}
-        epoch_totals, window = running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)
+        zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64)
+        running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros, "skipped": 0}
+        # The [loss total, weight] sums of each optimizer over the epoch and since the last log, in one
+        # tensor: an update adds its totals to both in one addition.
+        sums = torch.stack([running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)])
+        epoch_totals, window = sums  # views of it
         skipped = running["skipped"]
         done, window_samples, epoch_samples = first, 0, 0
         self.throughput.restart(first)
@@ -316,8 +319,7 @@ class Trainer:
             self.run.step = self.step
             self.hook("after_update", self.run)
             skipped += not applied
-            epoch_totals += totals
-            window += totals
+            sums += totals  # to epoch_totals and window
             done = update + 1
             updates = epoch * self.updates_per_epoch + done
             # The epoch end validates anyway (fit).

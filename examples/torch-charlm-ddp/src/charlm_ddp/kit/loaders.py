@@ -26,7 +26,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .. import distributed
 from .config import TrainConfig
 from .errors import ConfigError, DataError, in_your_code, in_your_files, user_code_error
-from .sampling import EvalBatchSampler, GlobalBatchSampler, IndexedSamples, SeededSamples, evaluated_samples
+from .sampling import (
+    EvalBatchSampler,
+    GlobalBatchSampler,
+    IndexedSamples,
+    SeededSamples,
+    TensorRows,
+    evaluated_samples,
+)
 from .streaming import EvalStream, TrainStream
 
 # Where torch's default_collate is defined: an error that passed through there was raised by it.
@@ -59,6 +66,8 @@ class Loaders:
             generator=torch.Generator(),
         )
         self.collate = checked_collate(collate)
+        # With torch's default_collate, a TensorDataset's batch is each tensor indexed at once (sampling.TensorRows).
+        self.batched = collate is default_collate
         train, val, test = datasets
         self.sampler: GlobalBatchSampler | None = None
         self.stream: TrainStream | None = None
@@ -79,9 +88,9 @@ class Loaders:
         else:
             self.sampler = _train_sampler(train, config, rank, world_size)
             self.updates_per_epoch = self.sampler.updates_per_epoch
-            self.train = self.make_loader(
-                SeededSamples(train, config.seed), batch_sampler=self.sampler, collate_fn=self.collate
-            )
+            rows = self.rows_of(train)
+            samples = SeededSamples(train, config.seed, rows)
+            self.train = self.make_loader(samples, batch_sampler=self.sampler, collate_fn=self.collate_of(rows))
         self.val = self._evaluation(val, "val", config, rank, world_size)
         self.test = self._evaluation(test, "test", config, rank, world_size) if test is not None else None
 
@@ -172,7 +181,21 @@ class Loaders:
             return self.make_loader(stream, batch_size=None, collate_fn=stream.collater(self.collate))
         samples = evaluated_samples(split_size(dataset, split), limit)
         sampler = EvalBatchSampler(samples, batch_size, rank, world_size)
-        return self.make_loader(IndexedSamples(dataset), batch_sampler=sampler, collate_fn=self.collate)
+        rows = self.rows_of(dataset)
+        return self.make_loader(IndexedSamples(dataset, rows), batch_sampler=sampler, collate_fn=self.collate_of(rows))
+
+    def rows_of(self, dataset: Dataset) -> TensorRows | None:
+        """How to fetch a batch of `dataset` at once, where data.py's collate is torch's own (else None)."""
+        return TensorRows.of(dataset) if self.batched else None
+
+    def collate_of(self, rows: TensorRows | None) -> Callable[[Any], Any]:
+        """The DataLoader's collate_fn: data.py's collate, or none for a batch fetched whole (`rows`)."""
+        return self.collate if rows is None else fetched
+
+
+def fetched(batch: Any) -> Any:
+    """The collate_fn of a batch already made (sampling.TensorRows): it is left as it is."""
+    return batch
 
 
 def _train_sampler(train: Dataset, config: TrainConfig, rank: int, world_size: int) -> GlobalBatchSampler:
