@@ -194,7 +194,7 @@ sampler = GlobalBatchSampler({size}, 20, 2, rank=0, world_size=1, seed=0)
 orders = []
 for epoch in range(3):
     sampler.set_epoch(epoch)
-    orders.append([index for micro_batch in sampler for _, index in micro_batch])  # (epoch, index) keys
+    orders.append([index for micro_batch in sampler for index in micro_batch])
 json.dump(orders, sys.stdout)
 """
 

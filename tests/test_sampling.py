@@ -35,7 +35,7 @@ def epoch_order(sampling, size, batch, accum=1, ranks=1, seed=0, epoch=0, start=
         parts = {}
         for micro_step in range(accum):
             for rank, stream in enumerate(streams):
-                parts[micro_step * ranks + rank] = [index for _, index in next(stream)]
+                parts[micro_step * ranks + rank] = list(next(stream))
         batches.append([index for part in sorted(parts) for index in parts[part]])
     for stream in streams:
         assert next(stream, None) is None, "a rank yielded more micro-batches than the epoch has"
@@ -83,7 +83,7 @@ def test_a_huge_train_set_never_builds_its_permutation(sampling, monkeypatch):
     sampler = sampling.GlobalBatchSampler(10**9, 1024, 1, rank=1, world_size=2, seed=0)
     sampler.set_epoch(7, start=123_456)
     first = next(iter(sampler))
-    assert len(first) == 512 and all(0 <= index < 10**9 for _, index in first)
+    assert len(first) == 512 and all(0 <= index < 10**9 for index in first) and first.epoch == 7
     assert asked == [sampling.Shuffle.CHUNK]
 
 
@@ -156,19 +156,19 @@ class Augmented(torch.utils.data.Dataset):
 def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, kind):
     # Only the generators data.py draws from are seeded; a draw first made deep in the data (index 60
     # on) still gets the numbers a sample seeded for every generator gets, in any order of batches.
-    def seeded_for_every_generator(keys):
+    def seeded_for_every_generator(batch):
         with sampling.callers_generators_kept():
             items = []
-            for epoch, index in keys:
-                sampling.seed_generators(7, epoch, index)
+            for index in batch:
+                sampling.seed_generators(7, batch.epoch, index)
                 items.append(Augmented(kind, 60)[index])
             return items
 
-    batches = [[(1, index) for index in range(start, start + 10)] for start in range(0, 100, 10)]
+    batches = [sampling.MicroBatch(range(start, start + 10), epoch=1) for start in range(0, 100, 10)]
     for order in (batches, batches[::-1]):
         samples = sampling.SeededSamples(Augmented(kind, 60), seed=7)
         before = torch.get_rng_state()
-        assert [samples.__getitems__(keys) for keys in order] == [seeded_for_every_generator(keys) for keys in order]
+        assert [samples.__getitems__(batch) for batch in order] == list(map(seeded_for_every_generator, order))
         assert torch.equal(torch.get_rng_state(), before)  # the caller's generators are left as they were
         assert samples.seeded == (set() if kind == "none" else {kind})  # the others cost nothing
 
@@ -191,9 +191,10 @@ def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling
     calls = []
     states = sampling.generator_states
     monkeypatch.setattr(sampling, "generator_states", lambda: calls.append(1) or states())
-    assert sampling.SeededSamples(tensors, seed=7).__getitems__([(1, 4), (1, 5)]) == [tensors[4], tensors[5]]
+    batch = sampling.MicroBatch([4, 5], epoch=1)
+    assert sampling.SeededSamples(tensors, seed=7).__getitems__(batch) == [tensors[4], tensors[5]]
     assert calls == []
-    sampling.SeededSamples(watched[0], seed=7).__getitems__([(1, 4)])
+    sampling.SeededSamples(watched[0], seed=7).__getitems__(sampling.MicroBatch([4], 1))
     assert calls
 
 
@@ -227,12 +228,12 @@ def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, k
     samples = sampling.SeededSamples(Unmoved(kind), seed=7)
     numpy.random.seed(0)
     numpy.random.standard_normal()  # the caller's draw leaves a Gaussian cached
-    assert samples.__getitems__([(1, index) for index in range(10)]) == [float(index) for index in range(10)]
+    assert samples.__getitems__(sampling.MicroBatch(range(10), 1)) == [float(index) for index in range(10)]
     state = numpy.random.get_state()
     with sampling.callers_generators_kept():
         sampling.seed_generators(7, 1, 60)
         expected = Unmoved(kind)[60]
-    assert samples.__getitems__([(1, 60)]) == [expected]
+    assert samples.__getitems__(sampling.MicroBatch([60], 1)) == [expected]
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
     after = numpy.random.get_state()
     assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached

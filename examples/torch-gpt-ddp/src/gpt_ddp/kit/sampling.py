@@ -39,7 +39,16 @@ except ImportError:
     numpy = None  # type: ignore[assignment]
 
 
-class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
+class MicroBatch(list[int]):
+    """The dataset indices of a micro-batch of the train set, and the epoch they are drawn in: SeededSamples
+    seeds each sample's random draws from both."""
+
+    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+
+class GlobalBatchSampler(Sampler[MicroBatch]):
     """Yields this rank's micro-batches of indices, `grad_accum_steps` per optimizer update."""
 
     def __init__(
@@ -77,7 +86,7 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         """Samples in the global batches `first` to `end - 1` of an epoch (only the last one may be short)."""
         return min(end * self.global_batch_size, self.samples_per_epoch) - first * self.global_batch_size
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[MicroBatch]:
         shuffle = Shuffle(self.dataset_size, self.seed, self.epoch)
         size = self.global_batch_size
         per_chunk = max(1, Shuffle.CHUNK // size)  # global batches whose indices are computed together
@@ -88,8 +97,7 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
                 # Near-equal parts, so a short last batch is spread evenly.
                 parts = split_evenly(order[start : start + size], self.splits)
                 for micro_step in range(self.grad_accum_steps):
-                    # (epoch, index) keys: SeededSamples seeds each sample's random draws from them.
-                    yield [(self.epoch, index) for index in parts[micro_step * self.world_size + self.rank]]
+                    yield MicroBatch(parts[micro_step * self.world_size + self.rank], self.epoch)
 
     def __len__(self) -> int:
         return (self.updates_per_epoch - self.start) * self.grad_accum_steps
@@ -116,17 +124,12 @@ def rank_share(samples: int, world_size: int, micro_steps: int, rank: int) -> in
 
 
 class Samples(list[Any]):
-    """The items of a batch, as the dataset gave them, with their keys: collate receives this list, and an
-    item it cannot batch is named by its index in the dataset."""
+    """The items of a batch, as the dataset gave them, with their indices in it: collate receives this list,
+    and an item it cannot batch is named by its index."""
 
-    def __init__(self, items: Iterable[Any], keys: Sequence[int] | Sequence[tuple[int, int]] = ()) -> None:
+    def __init__(self, items: Iterable[Any], indices: Sequence[int] = ()) -> None:
         super().__init__(items)
-        self.keys = keys  # dataset indices, or the train sampler's (epoch, index) pairs
-
-    @property
-    def indices(self) -> list[int]:
-        """The items' indices in the dataset (read only to name an item in an error)."""
-        return [key if isinstance(key, int) else key[1] for key in self.keys]
+        self.indices = indices
 
 
 class TensorRows:
@@ -188,37 +191,35 @@ class SeededSamples(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        return self.load([key])[0]
+        epoch, index = key
+        return self.load(MicroBatch([index], epoch))[0]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> Any:
+    def __getitems__(self, batch: MicroBatch) -> Any:
         """A batch (the DataLoader asks for whole batches): fetched at once where `rows` can, else sample by sample."""
-        if self.rows is not None:
-            return self.rows([index for _, index in keys])
-        return self.load(keys)
+        return self.rows(batch) if self.rows is not None else self.load(batch)
 
-    def load(self, keys: list[tuple[int, int]]) -> Samples:
+    def load(self, batch: MicroBatch) -> Samples:
         """The samples of a batch, each loaded with the generators data.py draws from seeded for it."""
         if not self.draws:
-            return Samples([self.dataset[index] for _, index in keys], keys)
-        indices = [index for _, index in keys]
+            return Samples([self.dataset[index] for index in batch], batch)
         callers = generator_states()
         try:
             while True:
-                items = self._load(keys) if self.seeded else [self.dataset[index] for index in indices]
+                items = self._load(batch) if self.seeded else [self.dataset[index] for index in batch]
                 drawn = moved_since(callers, GENERATORS - self.seeded)
                 if not drawn:  # then seeding the others would have changed nothing
                     restore_generators(callers, self.seeded)  # the others are as they were
-                    return Samples(items, keys)
+                    return Samples(items, batch)
                 self.seeded |= drawn
         except BaseException:
             restore_generators(callers, GENERATORS)
             raise
 
-    def _load(self, keys: list[tuple[int, int]]) -> list[Any]:
+    def _load(self, batch: MicroBatch) -> list[Any]:
         """The samples, each loaded with the generators in `self.seeded` seeded for it."""
         items = []
-        for epoch, index in keys:
-            seed_generators(self.seed, epoch, index, self.seeded)
+        for index in batch:
+            seed_generators(self.seed, batch.epoch, index, self.seeded)
             items.append(self.dataset[index])
         return items
 
