@@ -40,7 +40,7 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 
-# Modules with the most training first, so pytest-xdist's three workers (pyproject.toml: loadscope, in collection
+# Modules with the most training first, so pytest-xdist's two workers (pyproject.toml: loadscope, in collection
 # order) start on the long ones and the short ones fill in at the end; a module not named here comes after these.
 LONGEST_FIRST = (
     "test_all_variants_pass_their_own_tests.py",

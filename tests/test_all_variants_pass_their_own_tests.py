@@ -2,7 +2,7 @@
 
 The longest part of this suite, so it goes first: pytest-xdist (`--dist loadscope`, in collection order,
 see pyproject.toml) hands each class to one worker, and here each variant has a class of its own, the
-longest suites first, so the three workers start on them and the shorter modules fill in after.
+longest suites first, so the two workers start on them and the shorter modules fill in after.
 """
 
 import re
@@ -59,12 +59,12 @@ def passes_its_own_tests(projects: dict[str, Path], strategy: str) -> None:
     assert " passed" in result.stdout and "failed" not in result.stdout
 
 
-# The variants, long suites first (in CI: multi-worker and one-device 3-5 minutes, the others 1.5-2.5): a class
-# each, which pytest-xdist's loadscope hands to a worker of its own. Each of the three workers starts with two
-# classes: one takes one-device then multi-worker, the next ddp then single, the last fsdp then mirrored, so the
-# two TensorFlow suites that start the most processes at once do not run side by side.
+# The variants, long suites first (minutes on 2 busy cores: multi-worker 11-13, one-device 8-10, ddp and fsdp
+# 6-7, single and mirrored 4): a class each, which pytest-xdist's loadscope hands to a worker of its own. Each
+# worker starts with two classes: one takes one-device then multi-worker, the other ddp then fsdp, so the two
+# TensorFlow suites that start the most processes at once do not run side by side.
 SUITE_ORDER = (
-    *("one-device", "ddp", "fsdp", "multi-worker", "single", "mirrored"),
+    *("one-device", "ddp", "multi-worker", "fsdp", "single", "mirrored"),
     *("data-parallel", "jax-fsdp", "jax-single"),
 )
 
