@@ -6,8 +6,9 @@ lower. Two parts, on the project's placeholder MLP, its synthetic task and --glo
 
   update     the project's Trainer.update on one fixed batch, against forward, backward, clip_grad_norm_,
              AdamW's step and a loss sum written by hand (no schedule: the generated one steps its own)
-  data path  one epoch of the project's train loader (the global-batch sampler, the random-draw
-             watch, collate, the move to the device), against DataLoader(shuffle=True) on the same set
+  data path  one epoch of the project's train loader (the global-batch sampler, the TensorDataset's
+             batches fetched whole, the move to the device), against DataLoader(shuffle=True) on the
+             same set, which fetches and stacks it row by row
 
 Run from the repository root, in the development environment (about a minute on 2 idle cores):
     .venv/bin/python bench/torch_parts.py --batch-size 64

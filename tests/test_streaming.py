@@ -75,9 +75,7 @@ FLAGS = ("--max-steps", "40", "--global-batch-size", "64", "--warmup-steps", "5"
 
 def with_data(project: Path, extra: str) -> None:
     path = project / "src" / answers(project)["package_name"] / "data.py"
-    text = path.read_text().replace(
-        "from typing import Any\n", "from collections.abc import Iterator\nfrom typing import Any\n"
-    )
+    text = path.read_text().replace("\nimport torch\n", "\nfrom collections.abc import Iterator\n\nimport torch\n", 1)
     text = text.replace(
         "from torch.utils.data import Dataset,", "from torch.utils.data import Dataset, IterableDataset,"
     )

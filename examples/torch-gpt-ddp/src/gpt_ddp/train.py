@@ -302,13 +302,8 @@ class Trainer:
         batches = self.loaders.start_epoch(epoch, first)
         self.hook("on_epoch_start", self.run, epoch + 1)
         self.progress.start(epoch + 1, self.epochs, end, first)
-        zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64)
-        running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros, "skipped": 0}
-        # The [loss total, weight] sums of each optimizer over the epoch and since the last log, in one
-        # tensor: an update adds its totals to both in one addition.
-        sums = torch.stack([running["totals"].to(self.runtime.device), running["window"].to(self.runtime.device)])
-        epoch_totals, window = sums  # views of it
-        skipped = running["skipped"]
+        sums, skipped = self.running_sums(first)
+        epoch_totals, window = sums  # views of it: an update adds its totals to both at once
         done, window_samples, epoch_samples = first, 0, 0
         self.throughput.restart(first)
         for update in range(first, end):
@@ -349,6 +344,13 @@ class Trainer:
         self.running = {"totals": epoch_totals, "window": window, "skipped": skipped}
         self.samples_trained += epoch_samples
         return self.end_epoch(epoch, first, done)
+
+    def running_sums(self, first: int) -> tuple[torch.Tensor, int]:
+        """Each optimizer's [loss total, weight] summed over the epoch and since the last log, in one tensor of
+        [2, optimizers, 2], and the updates skipped: none yet, or as a checkpoint kept them (`first` > 0)."""
+        zeros = torch.zeros(len(self.stages), 2, dtype=torch.float64)
+        running: dict[str, Any] = self.running if first else {"totals": zeros, "window": zeros, "skipped": 0}
+        return torch.stack([running["totals"], running["window"]]).to(self.runtime.device), running["skipped"]
 
     def update(self, micro_batches: list[Any], samples: int, where: str) -> tuple[torch.Tensor, bool]:
         """One update from this rank's micro-batches (`samples` over all ranks); returns this rank's [loss total,
