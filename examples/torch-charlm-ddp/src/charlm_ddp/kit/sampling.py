@@ -137,8 +137,8 @@ class TensorRows:
 
     What default_collate makes of a batch's rows, each tensor's rows stacked in a list, is each tensor
     indexed by the batch's indices: one index per tensor instead of a row per tensor and sample and a
-    stack (a batch of 64 small rows: 15 us in place of 250). The loop takes it when data.py keeps torch's
-    default_collate, which a collate of yours would have to receive the rows one by one.
+    stack (the default project's data path: 42 us a batch of 64 in place of 255). The loop takes it when
+    data.py keeps torch's default_collate; a collate of yours receives the items one by one, as before.
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], indices: torch.Tensor | None = None) -> None:
