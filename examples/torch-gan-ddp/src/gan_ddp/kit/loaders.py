@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
 
 from .. import distributed
 from .config import TrainConfig
@@ -88,9 +88,7 @@ class Loaders:
         else:
             self.sampler = _train_sampler(train, config, rank, world_size)
             self.updates_per_epoch = self.sampler.updates_per_epoch
-            rows = self.rows_of(train)
-            samples = SeededSamples(train, config.seed, rows)
-            self.train = self.make_loader(samples, batch_sampler=self.sampler, collate_fn=self.collate_of(rows))
+            self.train = self.map_loader(SeededSamples(train, config.seed, self.rows_of(train)), self.sampler)
         self.val = self._evaluation(val, "val", config, rank, world_size)
         self.test = self._evaluation(test, "test", config, rank, world_size) if test is not None else None
 
@@ -181,16 +179,16 @@ class Loaders:
             return self.make_loader(stream, batch_size=None, collate_fn=stream.collater(self.collate))
         samples = evaluated_samples(split_size(dataset, split), limit)
         sampler = EvalBatchSampler(samples, batch_size, rank, world_size)
-        rows = self.rows_of(dataset)
-        return self.make_loader(IndexedSamples(dataset, rows), batch_sampler=sampler, collate_fn=self.collate_of(rows))
+        return self.map_loader(IndexedSamples(dataset, self.rows_of(dataset)), sampler)
 
     def rows_of(self, dataset: Dataset) -> TensorRows | None:
         """How to fetch a batch of `dataset` at once, where data.py's collate is torch's own (else None)."""
         return TensorRows.of(dataset) if self.batched else None
 
-    def collate_of(self, rows: TensorRows | None) -> Callable[[Any], Any]:
-        """The DataLoader's collate_fn: data.py's collate, or none for a batch fetched whole (`rows`)."""
-        return self.collate if rows is None else fetched
+    def map_loader(self, samples: SeededSamples | IndexedSamples, sampler: Sampler) -> DataLoader:
+        """The loader of a map-style split's batches: made by data.py's collate, or fetched whole (`samples.rows`)."""
+        collate = self.collate if samples.rows is None else fetched
+        return self.make_loader(samples, batch_sampler=sampler, collate_fn=collate)
 
 
 def fetched(batch: Any) -> Any:
