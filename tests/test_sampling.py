@@ -164,7 +164,7 @@ def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, ki
                 items.append(Augmented(kind, 60)[index])
             return items
 
-    batches = [sampling.MicroBatch(range(start, start + 10), epoch=1) for start in range(0, 100, 10)]
+    batches = [sampling.MicroBatch(torch.arange(start, start + 10), epoch=1) for start in range(0, 100, 10)]
     for order in (batches, batches[::-1]):
         samples = sampling.SeededSamples(Augmented(kind, 60), seed=7)
         before = torch.get_rng_state()
@@ -191,10 +191,10 @@ def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling
     calls = []
     states = sampling.generator_states
     monkeypatch.setattr(sampling, "generator_states", lambda: calls.append(1) or states())
-    batch = sampling.MicroBatch([4, 5], epoch=1)
+    batch = sampling.MicroBatch(torch.tensor([4, 5]), epoch=1)
     assert sampling.SeededSamples(tensors, seed=7).__getitems__(batch) == [tensors[4], tensors[5]]
     assert calls == []
-    sampling.SeededSamples(watched[0], seed=7).__getitems__(sampling.MicroBatch([4], 1))
+    sampling.SeededSamples(watched[0], seed=7).__getitems__(sampling.MicroBatch(torch.tensor([4]), 1))
     assert calls
 
 
@@ -228,12 +228,12 @@ def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, k
     samples = sampling.SeededSamples(Unmoved(kind), seed=7)
     numpy.random.seed(0)
     numpy.random.standard_normal()  # the caller's draw leaves a Gaussian cached
-    assert samples.__getitems__(sampling.MicroBatch(range(10), 1)) == [float(index) for index in range(10)]
+    assert samples.__getitems__(sampling.MicroBatch(torch.arange(10), 1)) == [float(index) for index in range(10)]
     state = numpy.random.get_state()
     with sampling.callers_generators_kept():
         sampling.seed_generators(7, 1, 60)
         expected = Unmoved(kind)[60]
-    assert samples.__getitems__(sampling.MicroBatch([60], 1)) == [expected]
+    assert samples.__getitems__(sampling.MicroBatch(torch.tensor([60]), 1)) == [expected]
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
     after = numpy.random.get_state()
     assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached
