@@ -160,7 +160,7 @@ def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, ki
         with sampling.callers_generators_kept():
             items = []
             for index in batch:
-                sampling.seed_generators(7, batch.epoch, index)
+                sampling.seed_generators(sampling.sample_seeds(7, batch.epoch, [index])[0])
                 items.append(Augmented(kind, 60)[index])
             return items
 
@@ -171,6 +171,24 @@ def test_each_sample_draws_as_if_every_generator_were_seeded_for_it(sampling, ki
         assert [samples.__getitems__(batch) for batch in order] == list(map(seeded_for_every_generator, order))
         assert torch.equal(torch.get_rng_state(), before)  # the caller's generators are left as they were
         assert samples.seeded == (set() if kind == "none" else {kind})  # the others cost nothing
+
+
+@pytest.mark.parametrize("kind", ["torch", "python", "numpy"])
+def test_a_sample_draws_anew_every_epoch_and_with_every_seed(sampling, kind):
+    # torch's CPU generator and NumPy's keep only 32 bits of a seed: a sample's seed that differed only
+    # above them gave it the same augmentation in every epoch and with every --seed.
+    def draws(seed, epoch):
+        samples = sampling.SeededSamples(Augmented(kind, 0), seed)
+        items = samples.__getitems__(sampling.MicroBatch(torch.arange(100), epoch))
+        return [item - index for index, item in enumerate(items)]
+
+    first = draws(7, 1)
+    assert draws(7, 1) == first  # the same seed and epoch: the same draws
+    assert len(set(first)) == 100  # every sample its own
+    for other in (draws(7, 2), draws(8, 1)):
+        assert all(left != right for left, right in zip(first, other, strict=True))
+    seeds = sampling.sample_seeds(7, 1, range(2**16))
+    assert len(set(seeds)) == 2**16 and max(seeds) < 2**32  # distinct in an epoch, and what torch keeps of a seed
 
 
 def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling, monkeypatch):
@@ -190,7 +208,7 @@ def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling
     assert [sampling.draws_nothing(dataset) for dataset in watched] == [False] * 3
     calls = []
     states = sampling.generator_states
-    monkeypatch.setattr(sampling, "generator_states", lambda: calls.append(1) or states())
+    monkeypatch.setattr(sampling, "generator_states", lambda *names: calls.append(1) or states(*names))
     batch = sampling.MicroBatch(torch.tensor([4, 5]), epoch=1)
     assert sampling.SeededSamples(tensors, seed=7).__getitems__(batch) == [tensors[4], tensors[5]]
     assert calls == []
@@ -231,7 +249,7 @@ def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, k
     assert samples.__getitems__(sampling.MicroBatch(torch.arange(10), 1)) == [float(index) for index in range(10)]
     state = numpy.random.get_state()
     with sampling.callers_generators_kept():
-        sampling.seed_generators(7, 1, 60)
+        sampling.seed_generators(sampling.sample_seeds(7, 1, [60])[0])
         expected = Unmoved(kind)[60]
     assert samples.__getitems__(sampling.MicroBatch(torch.tensor([60]), 1)) == [expected]
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}

@@ -159,6 +159,31 @@ def test_a_pass_too_short_for_every_micro_batch_is_dropped_and_resume_goes_on_wh
         assert updates(streaming, 103, 10, 1, 0, 1, start=position, count=30 - stopped) == straight[stopped:]
 
 
+class Draws(IterableDataset):
+    """Ten items a pass, each a draw from torch's, Python's and NumPy's generators."""
+
+    def __iter__(self):
+        import random
+
+        import numpy
+        import torch
+
+        return ((torch.rand(()).item(), random.random(), numpy.random.random()) for _ in range(10))
+
+
+def test_a_streamed_item_draws_anew_every_pass_and_with_every_seed(streaming):
+    # An item's draws are seeded from (--seed, pass, position): the same after a resume, new every pass.
+    def draws(seed, passes=2):
+        config = type("Config", (), {"global_batch_size": 10, "grad_accum_steps": 1, "seed": seed})()
+        stream = iter(streaming.TrainStream(Draws(), config, 0, 1))
+        return [next(stream)["micro_batches"][0] for _ in range(passes)]
+
+    first, second = draws(7)
+    assert draws(7) == [first, second]
+    for left, right in [(first, second), (first, draws(8)[0])]:
+        assert all(a != b for items in zip(left, right, strict=True) for a, b in zip(*items, strict=True))
+
+
 def test_evaluation_shards_cover_the_stream_once_and_pad_to_the_longest(streaming):
     # The last case is --eval-batches 3 of 16 over a stream of 1000: its first 48 items.
     for size, batch, ranks, limit in [(251, 16, 2, 0), (3, 2, 4, 0), (1000, 100, 3, 0), (1000, 16, 3, 48)]:

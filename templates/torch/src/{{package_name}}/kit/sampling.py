@@ -10,8 +10,8 @@ few thousand positions at a time, so a train set of 10^8 samples starts as quick
 
 Random draws in data.py (augmentation) are seeded per sample, from --seed, the epoch and the
 sample's index: a sample gets the same draws whatever the number of ranks and DataLoader workers,
-and after a resume. Only the generators data.py is seen to draw from are seeded, so a data set
-without random draws pays nothing for it.
+and after a resume, and new ones every epoch. Only the generators data.py is seen to draw from are
+seeded, so a data set without random draws pays nothing for it.
 
 Evaluation: rank r takes samples r, r + N, r + 2N, ... of the split (of its --eval-batches subset,
 drawn once in `evaluated_samples`). A rank whose shard needs one batch fewer runs a padding batch,
@@ -25,7 +25,7 @@ import ctypes
 import itertools
 import random
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -227,9 +227,11 @@ class SeededSamples(Dataset):
 
     def _load(self, batch: MicroBatch) -> list[Any]:
         """The samples, each loaded with the generators in `self.seeded` seeded for it."""
+        seeders = [SEEDERS[name] for name in self.seeded]
         items = []
-        for index in batch:
-            seed_generators(self.seed, batch.epoch, index, self.seeded)
+        for index, sample_seed in zip(batch, sample_seeds(self.seed, batch.epoch, batch), strict=True):
+            for seed in seeders:
+                seed(sample_seed)
             items.append(self.dataset[index])
         return items
 
@@ -272,12 +274,10 @@ class IndexedSamples(Dataset):
 GENERATORS = frozenset({"torch", "python", "numpy"} if numpy else {"torch", "python"})
 
 
-def generator_states() -> dict[str, Any]:
-    """The states of the CPU generators data.py may draw from: torch's, Python's and NumPy's."""
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _python_state.get()}
-    if numpy:
-        states["numpy"] = _numpy_state.get()
-    return states
+def generator_states(names: Iterable[str] = GENERATORS) -> dict[str, Any]:
+    """The states of the CPU generators `names`; by default of all data.py may draw from (torch, Python, NumPy)."""
+    readers = {"torch": torch.get_rng_state, "python": _python_state.get, "numpy": _numpy_state.get}
+    return {name: readers[name]() for name in names}
 
 
 class TwisterState:
@@ -287,27 +287,42 @@ class TwisterState:
     loading a small sample, and SeededSamples needs it twice a batch). The twister's 624 keys and
     position are read in place instead, under a microsecond (checked once against the state taken,
     else never used): while they have not moved and its cached Gaussian has not changed (a draw of
-    that one moves nothing else), the state is the one taken last.
+    that one moves nothing else), the state is the one taken last. They are read into a buffer kept
+    for it: after a batch of samples has freed many small blocks, the first block of a few KB that is
+    allocated costs 20-30 us (the C allocator merges the freed ones), and it is not made here.
     """
 
     TWISTER_BYTES = 624 * 4 + 4  # 624 uint32 keys and an int position
 
     def __init__(self) -> None:
         self.state: Any = None
-        self.twister: bytes | None = None
+        self.twister = bytearray(self.TWISTER_BYTES)  # the keys and position `state` has
+        self.read = bytearray(self.TWISTER_BYTES)  # those read last
+        self.read_view = (ctypes.c_char * self.TWISTER_BYTES).from_buffer(self.read)
         self.readable: bool | None = None  # whether the twister reads as the state says; checked once
 
     def get(self) -> Any:
-        twister = self.read_twister()
-        if twister is None or twister != self.twister or self.gaussian_changed(self.state):
-            self.state, self.twister = self.take(), twister
+        if not self.read_twister() or self.read != self.twister or self.gaussian_changed(self.state):
+            self.state = self.take()
+            self.twister[:] = self.read
         return self.state
+
+    def set(self, state: Any) -> None:
+        """Set the generator to `state`, which `get` then returns while it does not move. (A state set another
+        way with the same keys and position but another cached Gaussian would not be seen: set it here.)"""
+        self.put(state)
+        if self.read_twister():
+            self.state = state
+            self.twister[:] = self.read
 
     def take(self) -> Any:
         raise NotImplementedError
 
-    def read_twister(self) -> bytes | None:
-        """The generator's keys and position as bytes; None where they cannot be read so."""
+    def put(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def read_twister(self) -> bool:
+        """Read the generator's keys and position into `read`; False where they cannot be read so."""
         raise NotImplementedError
 
     def gaussian_changed(self, state: Any) -> bool:
@@ -320,16 +335,19 @@ class NumpyState(TwisterState):
     def take(self) -> Any:
         return numpy.random.get_state()
 
-    def read_twister(self) -> bytes | None:
+    def put(self, state: Any) -> None:
+        numpy.random.set_state(state)
+
+    def read_twister(self) -> bool:
         generator = getattr(numpy.random, "get_bit_generator", lambda: None)()  # NumPy >= 1.25
         if type(generator) is not numpy.random.MT19937 or self.readable is False:
-            return None  # numpy.random.set_bit_generator() chose another, or an older NumPy
-        twister = ctypes.string_at(generator.ctypes.state_address, self.TWISTER_BYTES)  # NumPy's ctypes interface
+            return False  # numpy.random.set_bit_generator() chose another, or an older NumPy
+        ctypes.memmove(self.read_view, generator.ctypes.state_address, self.TWISTER_BYTES)  # NumPy's ctypes interface
         if self.readable is None:
             state = self.take()
             position = int(state[2]).to_bytes(4, "little", signed=True)
-            self.readable = twister == state[1].astype("<u4").tobytes() + position
-        return twister if self.readable else None
+            self.readable = self.read == state[1].astype("<u4").tobytes() + position
+        return self.readable
 
     def gaussian_changed(self, state: Any) -> bool:
         return bool(state[3])  # a Gaussian was cached when the state was taken: it may have been drawn since
@@ -341,16 +359,19 @@ class PythonState(TwisterState):
     def take(self) -> Any:
         return random.getstate()
 
-    def read_twister(self) -> bytes | None:
+    def put(self, state: Any) -> None:
+        random.setstate(state)
+
+    def read_twister(self) -> bool:
         # CPython's _random.Random keeps `int index; uint32_t state[624]` right after the object header.
         if self.readable is False or _random.Random.__basicsize__ < object.__basicsize__ + self.TWISTER_BYTES:
-            return None
+            return False
         address = id(random.getstate.__self__) + object.__basicsize__  # type: ignore[attr-defined]
-        twister = ctypes.string_at(address, self.TWISTER_BYTES)
+        ctypes.memmove(self.read_view, address, self.TWISTER_BYTES)
         if self.readable is None:
             keys = self.take()[1]
-            self.readable = twister == struct.pack("=i624I", keys[-1], *keys[:-1])
-        return twister if self.readable else None
+            self.readable = self.read == struct.pack("=i624I", keys[-1], *keys[:-1])
+        return self.readable
 
     def gaussian_changed(self, state: Any) -> bool:
         return state[2] != random.getstate.__self__.gauss_next  # type: ignore[attr-defined, no-any-return]
@@ -366,9 +387,9 @@ def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
         if name == "torch":
             torch.set_rng_state(states["torch"])
         elif name == "python":
-            random.setstate(states["python"])
+            _python_state.set(states["python"])
         else:
-            numpy.random.set_state(states["numpy"])
+            _numpy_state.set(states["numpy"])
 
 
 @contextlib.contextmanager
@@ -384,7 +405,7 @@ def callers_generators_kept() -> Iterator[None]:
 
 def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
     """Those of the generators `names` that drew since they had `states`."""
-    now = generator_states()
+    now = generator_states(names)
     return {name for name in names if not _same(name, now[name], states[name])}
 
 
@@ -400,15 +421,32 @@ def _same(name: str, left: Any, right: Any) -> bool:
     return left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8]  # type: ignore[no-any-return]
 
 
-def seed_generators(seed: int, epoch: int, position: int, names: Iterable[str] = GENERATORS) -> None:
-    """Seed the CPU generators `names` (all that data.py may draw from), for the sample at `position` of `epoch`."""
-    mixed = (seed * 1_000_003 + epoch) * 2**32 + position
-    if "torch" in names:  # torch.default_generator, not torch.manual_seed: that one also seeds every GPU, 100x slower
-        torch.default_generator.manual_seed(mixed % 2**63)
-    if "python" in names:
-        random.seed(mixed)
-    if "numpy" in names:
-        numpy.random.seed(mixed % 2**32)
+def sample_seeds(seed: int, epoch: int, positions: Iterable[int]) -> list[int]:
+    """The seeds of the samples at `positions` of `epoch`, 32 bits each: torch's CPU generator and NumPy's
+    use no more of a seed. Two positions of an epoch (below 2^32) never get the same seed, nor does one
+    position in two epochs: the position, XOR-ed with a key of --seed and the epoch, times an odd number."""
+    key = _mix32((seed * 1_000_003 + epoch) & 0xFFFFFFFF)
+    return [((position ^ key) * 0x9E3779B1) & 0xFFFFFFFF for position in positions]
+
+
+def _mix32(value: int) -> int:
+    """MurmurHash3's finalizer: a one-to-one scramble of the 32-bit integers."""
+    value = ((value ^ (value >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    value = ((value ^ (value >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    return value ^ (value >> 16)
+
+
+# How each CPU generator data.py may draw from is seeded. torch.default_generator, not torch.manual_seed:
+# that one also seeds every GPU, 100x slower.
+SEEDERS: dict[str, Callable[[int], object]] = {"torch": torch.default_generator.manual_seed, "python": random.seed}
+if numpy:
+    SEEDERS["numpy"] = numpy.random.seed
+
+
+def seed_generators(sample_seed: int, names: Iterable[str] = GENERATORS) -> None:
+    """Seed the CPU generators `names` (all that data.py may draw from) with a sample's seed (sample_seeds)."""
+    for name in names:
+        SEEDERS[name](sample_seed)
 
 
 def evaluated_samples(size: int, samples: int) -> Sequence[int]:

@@ -25,7 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .config import TrainConfig
 from .errors import DataError
-from .sampling import callers_generators_kept, seed_generators, split_evenly
+from .sampling import callers_generators_kept, sample_seeds, seed_generators, split_evenly
 
 END = object()  # what `_next_item` returns once the stream has no more
 
@@ -146,5 +146,5 @@ class EvalStream(IterableDataset):
 
 def _next_item(items: Iterator[Any], seed: int, epoch: int, position: int) -> Any:
     """The stream's next item, computed with the CPU generators seeded for its position; END after the last."""
-    seed_generators(seed, epoch, position)
+    seed_generators(sample_seeds(seed, epoch, [position])[0])
     return next(items, END)
