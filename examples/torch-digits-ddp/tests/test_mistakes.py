@@ -45,8 +45,8 @@ BAD_FLAGS = {
     ("--lr", "nan"): "argument --lr: invalid finite float value: 'nan'",
     ("--weight-decay", "inf"): "argument --weight-decay: invalid finite float value: 'inf'",
     ("--seed", "1e23"): "argument --seed: invalid int value: '1e23'",
-    ("--seed", "-1"): "--seed must be between 0 and 4294967295 (2**32 - 1), got -1",
-    ("--seed", "4294967296"): "--seed must be between 0 and 4294967295 (2**32 - 1), got 4294967296",
+    ("--seed", "-1"): "--seed must be between 0 and 2**32 - 1 (4294967295), got -1",
+    ("--seed", "4294967296"): "--seed must be between 0 and 2**32 - 1 (4294967295), got 4294967296",
     ("--lr", "1e-3", "--min-lr", "0.01"): "--min-lr 0.01 is above --lr 0.001: the schedule decays from --lr down",
     ("--min-lr", "1e-4", "--schedule", "constant"): "--min-lr is where the cosine schedule ends; --schedule constant",
 }

@@ -216,7 +216,7 @@ class TrainConfig(Settings):
                 raise ConfigError(f"{where[name]} must not be negative, got {value}")
         check_min_lr(self, where)
         if not 0 <= self.seed < 2**32:  # torch's CPU generator keeps 32 bits of a seed: 2**32 would train like 0
-            raise ConfigError(f"{where['seed']} must be between 0 and 4294967295 (2**32 - 1), got {self.seed}")
+            raise ConfigError(f"{where['seed']} must be between 0 and 2**32 - 1 (4294967295), got {self.seed}")
         if not self.run_dir.strip():
             raise ConfigError(f"{where['run_dir']} is empty: the run would go into the current folder; name a folder")
         if problem := runs.pattern_problem(self.run_dir):
