@@ -227,11 +227,9 @@ class SeededSamples(Dataset):
 
     def _load(self, batch: MicroBatch) -> list[Any]:
         """The samples, each loaded with the generators in `self.seeded` seeded for it."""
-        seeders = [SEEDERS[name] for name in self.seeded]
         items = []
         for index, sample_seed in zip(batch, sample_seeds(self.seed, batch.epoch, batch), strict=True):
-            for seed in seeders:
-                seed(sample_seed)
+            seed_generators(sample_seed, self.seeded)
             items.append(self.dataset[index])
         return items
 
