@@ -26,7 +26,7 @@ import itertools
 import random
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Sampler, Subset, TensorDataset
@@ -269,15 +269,6 @@ class IndexedSamples(Dataset):
         return Samples(items, indices) if isinstance(items, list) else items
 
 
-GENERATORS = frozenset({"torch", "python", "numpy"} if numpy else {"torch", "python"})
-
-
-def generator_states(names: Iterable[str] = GENERATORS) -> dict[str, Any]:
-    """The states of the CPU generators `names`; by default of all data.py may draw from (torch, Python, NumPy)."""
-    readers = {"torch": torch.get_rng_state, "python": _python_state.get, "numpy": _numpy_state.get}
-    return {name: readers[name]() for name in names}
-
-
 class TwisterState:
     """A global Mersenne Twister's state (NumPy's, Python's), taken again only when it may have changed.
 
@@ -379,15 +370,53 @@ _numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 _python_state = PythonState()  # one per process
 
 
+def same_python_state(left: Any, right: Any) -> bool:
+    """Whether two of Python's states, (version, its 624 keys and position, cached Gaussian), are one: a draw
+    moves the position, and the keys are all remade every 624 draws, so equal positions and first keys mean
+    no draw (a chance of 2^-256)."""
+    return left is right or (left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8])
+
+
+def same_numpy_state(left: Any, right: Any) -> bool:
+    """Whether two of NumPy's states, ("MT19937", keys as an array, position, has_gauss, cached_gaussian), are one."""
+    return left is right or (bool((left[1] == right[1]).all()) and left[2:] == right[2:])
+
+
+class CpuGenerator(NamedTuple):
+    """A CPU generator data.py may draw from: how to read its state, seed it for a sample, set a state
+    back, and tell two states apart (two the same: no draw between them)."""
+
+    read: Callable[[], Any]
+    seed: Callable[[int], object]
+    restore: Callable[[Any], object]
+    same: Callable[[Any, Any], bool]
+
+
+# torch.default_generator.manual_seed, not torch.manual_seed: that one also seeds every GPU, 100x slower.
+CPU_GENERATORS = {
+    "torch": CpuGenerator(torch.get_rng_state, torch.default_generator.manual_seed, torch.set_rng_state, torch.equal),
+    "python": CpuGenerator(_python_state.get, random.seed, _python_state.set, same_python_state),
+}
+if numpy:
+    CPU_GENERATORS["numpy"] = CpuGenerator(_numpy_state.get, numpy.random.seed, _numpy_state.set, same_numpy_state)
+GENERATORS = frozenset(CPU_GENERATORS)
+
+
+def generator_states(names: Iterable[str] = GENERATORS) -> dict[str, Any]:
+    """The states of the CPU generators `names`; by default of all data.py may draw from (torch, Python, NumPy)."""
+    return {name: CPU_GENERATORS[name].read() for name in names}
+
+
 def restore_generators(states: dict[str, Any], names: Iterable[str]) -> None:
     """Set the generators `names` back to `states`."""
     for name in names:
-        if name == "torch":
-            torch.set_rng_state(states["torch"])
-        elif name == "python":
-            _python_state.set(states["python"])
-        else:
-            _numpy_state.set(states["numpy"])
+        CPU_GENERATORS[name].restore(states[name])
+
+
+def seed_generators(sample_seed: int, names: Iterable[str] = GENERATORS) -> None:
+    """Seed the CPU generators `names` (all that data.py may draw from) with a sample's seed (sample_seeds)."""
+    for name in names:
+        CPU_GENERATORS[name].seed(sample_seed)
 
 
 @contextlib.contextmanager
@@ -404,19 +433,7 @@ def callers_generators_kept() -> Iterator[None]:
 def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
     """Those of the generators `names` that drew since they had `states`."""
     now = generator_states(names)
-    return {name for name in names if not _same(name, now[name], states[name])}
-
-
-def _same(name: str, left: Any, right: Any) -> bool:
-    if left is right:  # NumPy's or Python's state, not taken again (NumpyState, PythonState)
-        return True
-    if name == "torch":
-        return torch.equal(left, right)
-    if name == "numpy":  # ("MT19937", its keys as an array, position, has_gauss, cached_gaussian)
-        return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
-    # Python's: (version, its 624 keys and position, cached Gaussian). A draw moves the position; the keys
-    # are all remade every 624 draws, so equal positions and first keys mean no draw (a chance of 2^-256).
-    return left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8]  # type: ignore[no-any-return]
+    return {name for name in names if not CPU_GENERATORS[name].same(now[name], states[name])}
 
 
 def sample_seeds(seed: int, epoch: int, positions: Iterable[int]) -> list[int]:
@@ -432,19 +449,6 @@ def _mix32(value: int) -> int:
     value = ((value ^ (value >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
     value = ((value ^ (value >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
     return value ^ (value >> 16)
-
-
-# How each CPU generator data.py may draw from is seeded. torch.default_generator, not torch.manual_seed:
-# that one also seeds every GPU, 100x slower.
-SEEDERS: dict[str, Callable[[int], object]] = {"torch": torch.default_generator.manual_seed, "python": random.seed}
-if numpy:
-    SEEDERS["numpy"] = numpy.random.seed
-
-
-def seed_generators(sample_seed: int, names: Iterable[str] = GENERATORS) -> None:
-    """Seed the CPU generators `names` (all that data.py may draw from) with a sample's seed (sample_seeds)."""
-    for name in names:
-        SEEDERS[name](sample_seed)
 
 
 def evaluated_samples(size: int, samples: int) -> Sequence[int]:
