@@ -200,10 +200,6 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        return self.load(MicroBatch(torch.tensor([index]), epoch))[0]
-
     def __getitems__(self, batch: MicroBatch) -> Any:
         """A batch (the DataLoader asks for whole batches): fetched at once where `rows` can, else sample by sample."""
         return self.rows(batch) if self.rows is not None else self.load(batch)
