@@ -186,7 +186,7 @@ class SeededSamples(Dataset):
     Seeding three generators for every sample costs more than loading a small one, so only the
     generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
     moved another generator, it is loaded again with that one seeded too, and so are all that follow.
-    Watching the generators costs ~30 us a batch; torch's own data sets that only index tensors
+    Watching the generators costs ~75 us a batch in the loop; torch's own data sets that only index tensors
     (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
     """
 
