@@ -192,7 +192,7 @@ def test_a_sample_draws_anew_every_epoch_and_with_every_seed(sampling, kind):
 
 
 def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling, monkeypatch):
-    # Watching three generators costs ~75 us a batch: torch's data sets that only index tensors draw
+    # Watching three generators costs ~45 us a batch: torch's data sets that only index tensors draw
     # nothing, so they skip it; a subclass with its own __getitem__, or any other data set, is watched.
     from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
@@ -255,6 +255,25 @@ def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, k
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
     after = numpy.random.get_state()
     assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached
+
+
+def test_numpys_generator_replaced_between_batches_is_watched_in_its_place(sampling):
+    # The twister is read through a view made once per generator: after numpy.random.set_bit_generator,
+    # a view kept of the old one would see no draw, and the new one's draws would go unseeded.
+    import numpy
+
+    original = numpy.random.get_bit_generator()
+    samples = sampling.SeededSamples(Augmented("numpy", 60), seed=7)
+    try:
+        assert samples.__getitems__(sampling.MicroBatch(torch.arange(10), 1)) == [float(index) for index in range(10)]
+        numpy.random.set_bit_generator(numpy.random.MT19937(5))
+        with sampling.callers_generators_kept():
+            sampling.seed_generators(sampling.sample_seeds(7, 1, [60])[0])
+            expected = Augmented("numpy", 60)[60]
+        assert samples.__getitems__(sampling.MicroBatch(torch.tensor([60]), 1)) == [expected]
+        assert samples.seeded == {"numpy"}
+    finally:
+        numpy.random.set_bit_generator(original)
 
 
 def test_a_tensor_data_sets_batches_are_fetched_whole_and_are_what_default_collate_makes(sampling):

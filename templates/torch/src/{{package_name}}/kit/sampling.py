@@ -22,6 +22,7 @@ its values are dropped, so every sample counts exactly once.
 import _random
 import contextlib
 import ctypes
+import functools
 import itertools
 import random
 import struct
@@ -186,7 +187,7 @@ class SeededSamples(Dataset):
     Seeding three generators for every sample costs more than loading a small one, so only the
     generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
     moved another generator, it is loaded again with that one seeded too, and so are all that follow.
-    Watching the generators costs ~75 us a batch in the loop; torch's own data sets that only index tensors
+    Watching the generators costs ~45 us a batch in the loop; torch's own data sets that only index tensors
     (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
     """
 
@@ -223,9 +224,12 @@ class SeededSamples(Dataset):
 
     def _load(self, batch: MicroBatch) -> list[Any]:
         """The samples, each loaded with the generators in `self.seeded` seeded for it."""
+        # One generator (the usual case) is seeded by a direct call: ~20 us a batch less than a loop over names.
+        (only,) = self.seeded if len(self.seeded) == 1 else (None,)
+        seed = CPU_GENERATORS[only].seed if only else functools.partial(seed_generators, names=self.seeded)
         items = []
         for index, sample_seed in zip(batch, sample_seeds(self.seed, batch.epoch, batch), strict=True):
-            seed_generators(sample_seed, self.seeded)
+            seed(sample_seed)
             items.append(self.dataset[index])
         return items
 
@@ -269,45 +273,64 @@ class TwisterState:
     """A global Mersenne Twister's state (NumPy's, Python's), taken again only when it may have changed.
 
     Taking it copies the generator (NumPy's get_state() 60 us, Python's getstate() 9 us: as long as
-    loading a small sample, and SeededSamples needs it twice a batch). The twister's 624 keys and
-    position are read in place instead, under a microsecond (checked once against the state taken,
-    else never used): while they have not moved and its cached Gaussian has not changed (a draw of
-    that one moves nothing else), the state is the one taken last. They are read into a buffer kept
-    for it: after a batch of samples has freed many small blocks, the first block of a few KB that is
-    allocated costs 20-30 us (the C allocator merges the freed ones), and it is not made here.
+    loading a small sample, and SeededSamples needs it twice a batch). The twister's position and first
+    keys are read in place instead, through a view of them made once per generator (checked once against
+    the state taken, else never used). A draw moves the position, and the keys are all remade every 624
+    draws, so while the position and the first 8 keys have not changed (a chance of 2^-256 to miss a draw)
+    and its cached Gaussian has not either (a draw of that one moves nothing else), the state is the one
+    taken last. Watching Python's and NumPy's so costs ~45 us a batch in the loop, ~30 us less than reading
+    all 2,500 bytes with a ctypes.memmove (its call machinery is cold after a batch of samples).
     """
 
-    TWISTER_BYTES = 624 * 4 + 4  # 624 uint32 keys and an int position
+    KEYS = 8  # the keys read
 
     def __init__(self) -> None:
         self.state: Any = None
-        self.twister = bytearray(self.TWISTER_BYTES)  # the keys and position `state` has
-        self.read = bytearray(self.TWISTER_BYTES)  # those read last
-        self.read_view = (ctypes.c_char * self.TWISTER_BYTES).from_buffer(self.read)
-        self.readable: bool | None = None  # whether the twister reads as the state says; checked once
+        self.twister = b""  # the position and first keys `state` has
+        self.owner: Any = None  # the object holding the generator `views` show, kept so that it lives while viewed
+        self.views: Any = None  # ctypes arrays over its position and first keys; None where they cannot be read so
 
     def get(self) -> Any:
-        if not self.read_twister() or self.read != self.twister or self.gaussian_changed(self.state):
+        twister = self.read_twister()
+        if twister is None or twister != self.twister or self.gaussian_changed(self.state):
             self.state = self.take()
-            self.twister[:] = self.read
+            self.twister = twister or b""
         return self.state
 
     def set(self, state: Any) -> None:
         """Set the generator to `state`, which `get` then returns while it does not move. (A state set another
         way with the same keys and position but another cached Gaussian would not be seen: set it here.)"""
         self.put(state)
-        if self.read_twister():
-            self.state = state
-            self.twister[:] = self.read
+        twister = self.read_twister()
+        if twister is not None:
+            self.state, self.twister = state, twister
+
+    def read_twister(self) -> bytes | None:
+        """The generator's position and first keys as they are now; None where they cannot be read so."""
+        owner = self.current_owner()
+        if owner is not self.owner:  # the first read, or NumPy's generator replaced (set_bit_generator)
+            self.owner, self.views = owner, self.views_of(owner) if owner is not None else None
+            if self.views is not None and self.read(self.views) != self.twister_of(self.take()):
+                self.views = None  # laid out otherwise than this reads them: take the state every time
+        return self.read(self.views) if self.views is not None else None
+
+    def current_owner(self) -> Any:
+        raise NotImplementedError
+
+    def views_of(self, owner: Any) -> Any:
+        raise NotImplementedError
+
+    def read(self, views: Any) -> bytes:
+        raise NotImplementedError
+
+    def twister_of(self, state: Any) -> bytes:
+        """The position and first keys of a state, as `read` reads them."""
+        raise NotImplementedError
 
     def take(self) -> Any:
         raise NotImplementedError
 
     def put(self, state: Any) -> None:
-        raise NotImplementedError
-
-    def read_twister(self) -> bool:
-        """Read the generator's keys and position into `read`; False where they cannot be read so."""
         raise NotImplementedError
 
     def gaussian_changed(self, state: Any) -> bool:
@@ -317,22 +340,28 @@ class TwisterState:
 class NumpyState(TwisterState):
     """`numpy.random.get_state()`: ("MT19937", keys, position, has_gauss, cached_gaussian)."""
 
+    def current_owner(self) -> Any:
+        generator = _numpy_bit_generator() if _numpy_bit_generator else None
+        return generator if type(generator) is numpy.random.MT19937 else None  # else set_bit_generator chose another
+
+    def views_of(self, owner: Any) -> Any:
+        address = int(owner.ctypes.state_address)  # NumPy's ctypes interface: 624 uint32 keys, then an int position
+        position = (ctypes.c_char * 4).from_address(address + 624 * 4)
+        return position, (ctypes.c_char * (4 * self.KEYS)).from_address(address)
+
+    def read(self, views: Any) -> bytes:
+        position, keys = views
+        return position.raw + keys.raw  # type: ignore[no-any-return]
+
+    def twister_of(self, state: Any) -> bytes:
+        position = int(state[2]).to_bytes(4, "little", signed=True)
+        return position + state[1][: self.KEYS].astype("<u4").tobytes()  # type: ignore[no-any-return]
+
     def take(self) -> Any:
         return numpy.random.get_state()
 
     def put(self, state: Any) -> None:
         numpy.random.set_state(state)
-
-    def read_twister(self) -> bool:
-        generator = getattr(numpy.random, "get_bit_generator", lambda: None)()  # NumPy >= 1.25
-        if type(generator) is not numpy.random.MT19937 or self.readable is False:
-            return False  # numpy.random.set_bit_generator() chose another, or an older NumPy
-        ctypes.memmove(self.read_view, generator.ctypes.state_address, self.TWISTER_BYTES)  # NumPy's ctypes interface
-        if self.readable is None:
-            state = self.take()
-            position = int(state[2]).to_bytes(4, "little", signed=True)
-            self.readable = self.read == state[1].astype("<u4").tobytes() + position
-        return self.readable
 
     def gaussian_changed(self, state: Any) -> bool:
         return bool(state[3])  # a Gaussian was cached when the state was taken: it may have been drawn since
@@ -341,27 +370,33 @@ class NumpyState(TwisterState):
 class PythonState(TwisterState):
     """`random.getstate()`: (version, (its 624 keys..., position), cached Gaussian)."""
 
+    def current_owner(self) -> Any:
+        return random.getstate.__self__ if _PYTHON_TWISTER_IN_PLACE else None  # type: ignore[attr-defined]
+
+    def views_of(self, owner: Any) -> Any:
+        return (ctypes.c_char * (4 + 4 * self.KEYS)).from_address(id(owner) + object.__basicsize__)
+
+    def read(self, views: Any) -> bytes:
+        return views.raw  # type: ignore[no-any-return]
+
+    def twister_of(self, state: Any) -> bytes:
+        keys = state[1]
+        return struct.pack(f"=i{self.KEYS}I", keys[-1], *keys[: self.KEYS])
+
     def take(self) -> Any:
         return random.getstate()
 
     def put(self, state: Any) -> None:
         random.setstate(state)
 
-    def read_twister(self) -> bool:
-        # CPython's _random.Random keeps `int index; uint32_t state[624]` right after the object header.
-        if self.readable is False or _random.Random.__basicsize__ < object.__basicsize__ + self.TWISTER_BYTES:
-            return False
-        address = id(random.getstate.__self__) + object.__basicsize__  # type: ignore[attr-defined]
-        ctypes.memmove(self.read_view, address, self.TWISTER_BYTES)
-        if self.readable is None:
-            keys = self.take()[1]
-            self.readable = self.read == struct.pack("=i624I", keys[-1], *keys[:-1])
-        return self.readable
-
     def gaussian_changed(self, state: Any) -> bool:
         return state[2] != random.getstate.__self__.gauss_next  # type: ignore[attr-defined, no-any-return]
 
 
+# NumPy >= 1.25 tells which generator numpy.random draws from; CPython's _random.Random keeps
+# `int index; uint32_t state[624]` right after the object header.
+_numpy_bit_generator = getattr(numpy.random, "get_bit_generator", None) if numpy else None
+_PYTHON_TWISTER_IN_PLACE = _random.Random.__basicsize__ >= object.__basicsize__ + 4 + 624 * 4
 _numpy_state = NumpyState()  # one per process (a DataLoader worker has its own)
 _python_state = PythonState()  # one per process
 
