@@ -76,8 +76,9 @@ def in_the_loop(loaders: dict[str, Iterator[Any]], update: Callable[[Any], None]
     random order, and an update of the model follows each (it leaves the caches as a training step does)."""
     times: dict[str, list[int]] = {name: [] for name in loaders}
     order = list(loaders)
+    shuffler = random.Random(0)  # not Python's global generator: the loop would see it move and take its state
     for _ in range(batches):
-        random.shuffle(order)
+        shuffler.shuffle(order)
         for name in order:
             started = time.perf_counter_ns()
             batch = next(loaders[name])
