@@ -187,7 +187,7 @@ class SeededSamples(Dataset):
     Seeding three generators for every sample costs more than loading a small one, so only the
     generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
     moved another generator, it is loaded again with that one seeded too, and so are all that follow.
-    Watching the generators costs ~45 us a batch in the loop; torch's own data sets that only index tensors
+    Watching the generators costs ~35 us a batch in the loop; torch's own data sets that only index tensors
     (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
     """
 
@@ -278,8 +278,8 @@ class TwisterState:
     the state taken, else never used). A draw moves the position, and the keys are all remade every 624
     draws, so while the position and the first 8 keys have not changed (a chance of 2^-256 to miss a draw)
     and its cached Gaussian has not either (a draw of that one moves nothing else), the state is the one
-    taken last. Watching Python's and NumPy's so costs ~45 us a batch in the loop, ~30 us less than reading
-    all 2,500 bytes with a ctypes.memmove (its call machinery is cold after a batch of samples).
+    taken last. Watching Python's and NumPy's so costs ~35 us a batch in the loop; a ctypes.memmove of all
+    2,500 bytes at each read cost more (its call machinery is cold after a batch of samples).
     """
 
     KEYS = 8  # the keys read
