@@ -225,8 +225,10 @@ class SeededSamples(Dataset):
     def _load(self, batch: MicroBatch) -> list[Any]:
         """The samples, each loaded with the generators in `self.seeded` seeded for it."""
         # One generator (the usual case) is seeded by a direct call: ~20 us a batch less than a loop over names.
-        (only,) = self.seeded if len(self.seeded) == 1 else (None,)
-        seed = CPU_GENERATORS[only].seed if only else functools.partial(seed_generators, names=self.seeded)
+        if len(self.seeded) == 1:
+            seed = CPU_GENERATORS[next(iter(self.seeded))].seed
+        else:
+            seed = functools.partial(seed_generators, names=self.seeded)
         items = []
         for index, sample_seed in zip(batch, sample_seeds(self.seed, batch.epoch, batch), strict=True):
             seed(sample_seed)
