@@ -22,6 +22,7 @@ Run from the repository root, in the development environment (about a minute on 
 """
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -59,7 +60,7 @@ def project_trainer(project: types.ModuleType, datasets: tuple[Dataset, ...], ru
 def generated_batches(trainer: Any) -> Iterator[Any]:
     """The project's train batches, epoch after epoch, as its loop gets them."""
     loaders = trainer.loaders
-    for epoch in range(1_000_000):
+    for epoch in itertools.count():
         batches = loaders.start_epoch(epoch, 0)
         for update in range(loaders.updates_per_epoch):
             yield loaders.next_update(batches, update)[0][0]
@@ -136,13 +137,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="looptpl-parts-"))
     project = render_project(work)
     train, val, test = build_datasets(project, args.train_size)
-    flags = ["--device", "cpu", "--run-dir", str(work / "run"), "--no-progress"]
-    config = project.config.parse_config([*flags, "--global-batch-size", str(args.batch_size)])
-    (work / "run").mkdir()
-    runtime = project.train.distributed.setup(config)
-    torch.manual_seed(0)
-    trainer = project.train.Trainer(config, runtime, project.model.build_model(config), (train, val, test))
-    trainer.set_training(True)
+    trainer = project_trainer(project, (train, val, test), work / "run", args.batch_size)
+    config = trainer.config
     assert isinstance(train, TensorDataset)
     inputs, targets = train.tensors[0][: args.batch_size], train.tensors[1][: args.batch_size]
 
