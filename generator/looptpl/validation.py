@@ -39,9 +39,10 @@ MAJOR_MODULES = {
     "data", "model", "train", "config",
 }  # fmt: skip
 # What a run with --tracker wandb or --tracker mlflow imports beyond those: the tracker's package and the modules
-# it loads as it opens, logs and closes a run (MLflow on its default SQLite store). Measured with the versions the
-# test extra installs, offline; tests/test_cli.py opens each tracker and checks every module it loads is refused.
-# A package of one of these names and the installed module are one name on sys.path: the run cannot import both.
+# it loads as it opens, logs and closes a run (MLflow on its default SQLite store). Measured offline with wandb 0.31
+# and mlflow-skinny 3.18 (the test extra caps them there); tests/test_cli.py opens each tracker and checks every
+# module it loads is refused. A package of one of these names and the installed module are one name on sys.path:
+# the run cannot import both.
 TRACKER_MODULES = {
     "wandb": {
         "wandb", "annotated_types", "click", "cython_runtime", "opentelemetry", "platformdirs", "pydantic",
@@ -49,9 +50,9 @@ TRACKER_MODULES = {
     },
     "mlflow": {
         "mlflow", "alembic", "annotated_doc", "annotated_types", "anyio", "cachetools", "click", "cryptography",
-        "cython_runtime", "databricks", "fastapi", "git", "gitdb", "importlib_metadata", "mako", "opentelemetry",
-        "pydantic", "pydantic_core", "smmap", "sniffio", "sqlalchemy", "sqlparse", "starlette", "typing_inspection",
-        "zipp",
+        "cython_runtime", "databricks", "fastapi", "git", "gitdb", "importlib_metadata", "lazy_importer", "mako",
+        "opentelemetry", "pydantic", "pydantic_core", "python_multipart", "smmap", "sniffio", "sqlalchemy", "sqlparse",
+        "starlette", "typing_inspection", "zipp",
     },
 }  # fmt: skip
 
