@@ -2,6 +2,7 @@
 
 import importlib
 import itertools
+import random
 import sys
 
 import pytest
@@ -51,6 +52,40 @@ def test_the_shuffle_is_a_permutation_different_each_epoch(sampling, size):
     if size > 5:
         assert orders[0] != orders[1] != orders[2]
         assert orders[0] != sampling.Shuffle(size, seed=4, epoch=0)(torch.arange(size)).tolist()
+
+
+def plain_shuffle(size, seed, epoch, positions):
+    """Shuffle's order written plainly, a position at a time: six Feistel rounds over the position's bits, again
+    until it lands in range(size). A resumed run and one that updated its template between two epochs rely on it."""
+    draw = random.Random(seed * 1_000_003 + epoch)
+    keys = [draw.getrandbits(31) for _ in range(6)]
+    bits = max(1, (size - 1).bit_length())
+    low = bits // 2
+    masks = ((1 << (bits - low)) - 1, (1 << low) - 1)
+
+    def mix(value, key):
+        value = ((value ^ key) * 0x5BD1E995) & 0x7FFFFFFF
+        value = ((value ^ (value >> 15)) * 0x27D4EB2D) & 0x7FFFFFFF
+        return value ^ (value >> 13)
+
+    order = []
+    for index in positions:
+        while True:
+            halves = [index >> low, index & masks[1]]
+            for round, key in enumerate(keys):
+                halves[round % 2] ^= mix(halves[1 - round % 2], key) & masks[round % 2]
+            index = (halves[0] << low) | halves[1]
+            if index < size:
+                break
+        order.append(index)
+    return order
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 1003, 65_537, 10**9 + 7])
+def test_the_shuffle_is_the_same_order_as_ever(sampling, size):
+    positions = range(size) if size < 10**5 else range(size - 70_000, size)  # the last positions walk the most
+    got = sampling.Shuffle(size, seed=5, epoch=2)(torch.tensor(positions)).tolist()
+    assert got == plain_shuffle(size, 5, 2, positions)
 
 
 def test_every_sample_once_per_epoch_and_ranks_split_the_one_process_batches(sampling):

@@ -105,8 +105,9 @@ class GlobalBatchSampler(Sampler[MicroBatch]):
             positions = torch.arange(first * size, min((first + per_chunk) * size, self.samples_per_epoch))
             order = shuffle(positions)
             for start in range(0, len(order), size):
+                batch = order[start : start + size]
                 # Near-equal parts (the longer first), so a short last batch is spread evenly.
-                parts = order[start : start + size].tensor_split(self.splits)
+                parts = batch.tensor_split(self.splits) if self.splits > 1 else (batch,)
                 for micro_step in range(self.grad_accum_steps):
                     yield MicroBatch(parts[micro_step * self.world_size + self.rank], self.epoch)
 
