@@ -207,12 +207,17 @@ def gan(tmp_path_factory) -> Path:
 GAN_RUN = ("--epochs", "2", "--global-batch-size", "64")
 
 
-def test_gan_trains_both_networks_alike_on_two_ranks_with_accumulation(gan, tmp_path):
-    in_parallel(
-        lambda: train_torch(gan, tmp_path / "one", *GAN_RUN),
-        lambda: train_torch(gan, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2),
-    )
-    one, two = trained_weights(tmp_path / "one"), trained_weights(tmp_path / "two")
+@pytest.fixture(scope="module")
+def gan_one(gan, tmp_path_factory) -> Path:
+    """The GAN trained on one process, uninterrupted: what two ranks and a resumed run must end like."""
+    run_dir = tmp_path_factory.mktemp("gan-one") / "run"
+    train_torch(gan, run_dir, *GAN_RUN)
+    return run_dir
+
+
+def test_gan_trains_both_networks_alike_on_two_ranks_with_accumulation(gan, gan_one, tmp_path):
+    train_torch(gan, tmp_path / "two", *GAN_RUN, "--grad-accum-steps", "2", ranks=2)
+    one, two = trained_weights(gan_one), trained_weights(tmp_path / "two")
     assert {name.split(".")[0] for name in one} == {"discriminator", "generator"}  # no frozen judge
     assert relative_difference(one, two) < GAN_TOLERANCE
     record = records(tmp_path / "two")[-1]
@@ -234,18 +239,15 @@ def test_gan_with_a_locally_scaled_loss_fails_the_same_check(gan, tmp_path):
     )
 
 
-def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, tmp_path):
+def test_gan_resume_from_a_step_checkpoint_with_two_optimizers_equals_an_uninterrupted_run(gan, gan_one, tmp_path):
     # 20 updates an epoch (1257 samples, 64 a batch): stopped after update 27, part-way through
     # epoch 2, with both networks' optimizers, schedulers and running losses in the checkpoint.
-    def stopped_and_resumed() -> subprocess.CompletedProcess:
-        train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
-        return train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
-
-    _, resumed = in_parallel(lambda: train_torch(gan, tmp_path / "straight", *GAN_RUN), stopped_and_resumed)
+    train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--stop-after-step", "27")
+    resumed = train_torch(gan, tmp_path / "resumed", *GAN_RUN, "--resume")
     assert "resumed after update 27, part-way through epoch 2 (update 7 of 20)" in resumed.stdout
-    assert relative_difference(trained_weights(tmp_path / "straight"), trained_weights(tmp_path / "resumed")) == 0
-    assert records(tmp_path / "straight") == [
-        {**record, "epoch_time_s": records(tmp_path / "straight")[index]["epoch_time_s"]}
+    assert relative_difference(trained_weights(gan_one), trained_weights(tmp_path / "resumed")) == 0
+    assert records(gan_one) == [
+        {**record, "epoch_time_s": records(gan_one)[index]["epoch_time_s"]}
         for index, record in enumerate(records(tmp_path / "resumed"))
     ]
 

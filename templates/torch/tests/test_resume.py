@@ -60,16 +60,27 @@ def test_a_run_stopped_mid_epoch_resumes_exactly_with_augmentation_dropout_and_w
     assert {"val_ema_loss", "val_loss"} <= set(metrics(tmp_path / "resumed")[-1])
 
 
+def signal_flags() -> tuple[str, ...]:
+    return ("--epochs", "8", "--log-every", str(updates_per_epoch() // 2), "--num-workers", "2")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run that both signals' stopped and resumed runs end like (run once, for both)."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    run_training(run_dir, *signal_flags())
+    return run_dir
+
+
 @pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("Ctrl-C", 130)])
-def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path, name, code):
+def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path, uninterrupted, name, code):
     # SIGTERM is what Slurm sends every process of a job before a kill, Ctrl-C what a terminal sends
     # every process of its group: DataLoader workers get it too. Either way the run stops at its next
     # --log-every boundary with a checkpoint, exit status 128 + the signal, and --resume carries on as if
     # nothing happened.
     # The next boundary is updates away: DataLoader workers (forked with the loop's handlers) must
     # leave the Ctrl-C to the loop, keep loading until then, and say nothing.
-    flags = ("--epochs", "8", "--log-every", str(updates_per_epoch() // 2), "--num-workers", "2")
-    straight = start_training(tmp_path / "straight", *flags)  # meanwhile, the run to compare with
+    flags = signal_flags()
     training = start_training(tmp_path / "stopped", *flags)
     deadline = time.monotonic() + 120
     while not (tmp_path / "stopped" / "metrics.jsonl").exists() and time.monotonic() < deadline:
@@ -81,9 +92,8 @@ def test_a_signal_checkpoints_and_the_resumed_run_ends_like_an_uninterrupted_one
     assert f"stopped by {name} after" in result.stdout and "Traceback" not in result.stdout
     assert not list((tmp_path / "stopped").rglob("*.tmp"))
     run_training(tmp_path / "stopped", *flags, "--resume")
-    finish(straight)
-    assert_same_weights(final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped"))
-    assert metrics(tmp_path / "straight") == metrics(tmp_path / "stopped")
+    assert_same_weights(final_weights(uninterrupted), final_weights(tmp_path / "stopped"))
+    assert metrics(uninterrupted) == metrics(tmp_path / "stopped")
 
 
 def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path):
