@@ -408,7 +408,8 @@ def same_python_state(left: Any, right: Any) -> bool:
     """Whether two of Python's states, (version, its 624 keys and position, cached Gaussian), are one: a draw
     moves the position, and the keys are all remade every 624 draws, so equal positions and first keys mean
     no draw (a chance of 2^-256)."""
-    return left is right or (left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:8] == right[1][:8])
+    keys = TwisterState.KEYS
+    return left is right or (left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:keys] == right[1][:keys])
 
 
 def same_numpy_state(left: Any, right: Any) -> bool:

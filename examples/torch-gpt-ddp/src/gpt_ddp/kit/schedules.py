@@ -36,8 +36,8 @@ def warmup_schedule(
 
 
 class LeanLambdaLR(torch.optim.lr_scheduler.LambdaLR):
-    """torch's LambdaLR for rates that are numbers, stepped in ~1 us where LambdaLR takes ~8 (its checks
-    and bookkeeping, a percent of a small model's update): after the first steps, whose order torch
+    """torch's LambdaLR for rates that are numbers, stepped in half the time (LambdaLR's checks and
+    bookkeeping cost a small model's update a few microseconds): after the first steps, whose order torch
     checks, each step sets the rates `base rate x factor(step)` directly, as LambdaLR computes them."""
 
     def step(self, epoch: int | None = None) -> None:
