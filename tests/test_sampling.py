@@ -227,7 +227,7 @@ def test_a_sample_draws_anew_every_epoch_and_with_every_seed(sampling, kind):
 
 
 def test_torchs_own_tensor_data_sets_are_not_watched_and_every_other_is(sampling, monkeypatch):
-    # Watching the generators costs ~35 us a batch: torch's data sets that only index tensors draw
+    # Watching the generators costs ~2% of a batch: torch's data sets that only index tensors draw
     # nothing, so they skip it; a subclass with its own __getitem__, or any other data set, is watched.
     from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
@@ -269,27 +269,34 @@ class Unmoved:
             return float(index)
         if self.kind == "numpy-cached-gaussian":  # takes the Gaussian NumPy's last normal draw cached
             return float(numpy.random.standard_normal())
+        if self.kind == "python-cached-gaussian":  # takes the Gaussian Python's last random.gauss cached
+            return random.gauss(0.0, 1.0)
         return float(sum(random.getrandbits(32) for _ in range(624)))  # Python's keys, remade; same position
 
 
-@pytest.mark.parametrize("kind", ["numpy-cached-gaussian", "python-whole-twister"])
+@pytest.mark.parametrize("kind", ["numpy-cached-gaussian", "python-cached-gaussian", "python-whole-twister"])
 def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, kind):
     # SeededSamples does not copy NumPy's whole state for every batch, nor compare Python's whole key
     # array: these draws must be seen all the same, and seeded like any other.
+    import random
+
     import numpy
 
     samples = sampling.SeededSamples(Unmoved(kind), seed=7)
     numpy.random.seed(0)
-    numpy.random.standard_normal()  # the caller's draw leaves a Gaussian cached
+    numpy.random.standard_normal()  # the caller's draws leave a Gaussian cached
+    random.seed(0)
+    random.gauss(0.0, 1.0)
     assert samples.__getitems__(sampling.MicroBatch(torch.arange(10), 1)) == [float(index) for index in range(10)]
-    state = numpy.random.get_state()
+    state, python_state = numpy.random.get_state(), random.getstate()
     with sampling.callers_generators_kept():
         sampling.seed_generators(sampling.sample_seeds(7, 1, [60])[0])
         expected = Unmoved(kind)[60]
     assert samples.__getitems__(sampling.MicroBatch(torch.tensor([60]), 1)) == [expected]
     assert samples.seeded == {"numpy" if kind.startswith("numpy") else "python"}
     after = numpy.random.get_state()
-    assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussian is still cached
+    assert (after[1] == state[1]).all() and after[2:] == state[2:]  # the caller's Gaussians are still cached
+    assert random.getstate() == python_state
 
 
 def test_numpys_generator_replaced_between_batches_is_watched_in_its_place(sampling):
@@ -301,10 +308,10 @@ def test_numpys_generator_replaced_between_batches_is_watched_in_its_place(sampl
     samples = sampling.SeededSamples(Augmented("numpy", 60), seed=7)
     try:
         assert samples.__getitems__(sampling.MicroBatch(torch.arange(10), 1)) == [float(index) for index in range(10)]
-        numpy.random.set_bit_generator(numpy.random.MT19937(5))
         with sampling.callers_generators_kept():
             sampling.seed_generators(sampling.sample_seeds(7, 1, [60])[0])
             expected = Augmented("numpy", 60)[60]
+        numpy.random.set_bit_generator(numpy.random.MT19937(5))  # then nothing else reads numpy's state
         assert samples.__getitems__(sampling.MicroBatch(torch.tensor([60]), 1)) == [expected]
         assert samples.seeded == {"numpy"}
     finally:
