@@ -188,8 +188,8 @@ class SeededSamples(Dataset):
     Seeding three generators for every sample costs more than loading a small one, so only the
     generators data.py draws from are seeded. A batch is loaded seeding those seen so far; if it
     moved another generator, it is loaded again with that one seeded too, and so are all that follow.
-    Watching the generators costs ~2% of a batch of small samples; torch's own data sets that only index
-    tensors (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
+    Watching the generators costs ~35 us a batch in the loop; torch's own data sets that only index tensors
+    (TensorDataset, and Subset or ConcatDataset of those) draw nothing, so they are not watched.
     """
 
     def __init__(self, dataset: Dataset, seed: int, rows: TensorRows | None = None) -> None:
@@ -230,10 +230,9 @@ class SeededSamples(Dataset):
             seed = CPU_GENERATORS[next(iter(self.seeded))].seed
         else:
             seed = functools.partial(seed_generators, names=self.seeded)
-        key = sample_key(self.seed, batch.epoch)
         items = []
-        for index in batch:
-            seed(((index ^ key) * SEED_FACTOR) & 0xFFFFFFFF)  # sample_seeds', inline: ~13 us a batch less than its list
+        for index, sample_seed in zip(batch, sample_seeds(self.seed, batch.epoch, batch), strict=True):
+            seed(sample_seed)
             items.append(self.dataset[index])
         return items
 
@@ -282,9 +281,8 @@ class TwisterState:
     the state taken, else never used). A draw moves the position, and the keys are all remade every 624
     draws, so while the position and the first 8 keys have not changed (a chance of 2^-256 to miss a draw)
     and its cached Gaussian has not either (a draw of that one moves nothing else), the state is the one
-    taken last. Each `get` checks that in one function that calls no other: in the loop the caches are cold
-    after a batch of samples, so each call costs several times what it costs warm, and the watch that made
-    ~30 calls a batch took 95 us where the 8 it makes now take 52 (a batch of 64 augmented samples: ~2%).
+    taken last. Watching Python's and NumPy's so costs ~35 us a batch in the loop; a ctypes.memmove of all
+    2,500 bytes at each read cost more (its call machinery is cold after a batch of samples).
     """
 
     KEYS = 8  # the keys read
@@ -296,14 +294,10 @@ class TwisterState:
         self.views: Any = None  # ctypes arrays over its position and first keys; None where they cannot be read so
 
     def get(self) -> Any:
-        """The generator's state: the one taken last if its position, first keys and cached Gaussian are as
-        they were then, else `take_again()`."""
-        raise NotImplementedError
-
-    def take_again(self) -> Any:
-        """Take the state, and the position and first keys it has."""
-        self.state = self.take()
-        self.twister = self.read_twister() or b""
+        twister = self.read_twister()
+        if twister is None or twister != self.twister or self.gaussian_changed(self.state):
+            self.state = self.take()
+            self.twister = twister or b""
         return self.state
 
     def set(self, state: Any) -> None:
@@ -342,20 +336,12 @@ class TwisterState:
     def put(self, state: Any) -> None:
         raise NotImplementedError
 
+    def gaussian_changed(self, state: Any) -> bool:
+        raise NotImplementedError
+
 
 class NumpyState(TwisterState):
     """`numpy.random.get_state()`: ("MT19937", keys, position, has_gauss, cached_gaussian)."""
-
-    def get(self) -> Any:
-        views = self.views  # (position, keys), of the generator `owner`
-        if (
-            views is not None
-            and _numpy_bit_generator() is self.owner  # type: ignore[misc]  # (views: NumPy has it) not replaced
-            and views[0].raw + views[1].raw == self.twister
-            and not self.state[3]  # no Gaussian was cached when the state was taken: it would draw one anew
-        ):
-            return self.state
-        return self.take_again()
 
     def current_owner(self) -> Any:
         generator = _numpy_bit_generator() if _numpy_bit_generator else None
@@ -380,20 +366,12 @@ class NumpyState(TwisterState):
     def put(self, state: Any) -> None:
         numpy.random.set_state(state)
 
+    def gaussian_changed(self, state: Any) -> bool:
+        return bool(state[3])  # a Gaussian was cached when the state was taken: it may have been drawn since
+
 
 class PythonState(TwisterState):
     """`random.getstate()`: (version, (its 624 keys..., position), cached Gaussian)."""
-
-    def get(self) -> Any:
-        generator = random.getstate.__self__  # type: ignore[attr-defined]
-        if (
-            self.views is not None
-            and generator is self.owner
-            and self.views.raw == self.twister
-            and generator.gauss_next == self.state[2]
-        ):
-            return self.state
-        return self.take_again()
 
     def current_owner(self) -> Any:
         return random.getstate.__self__ if _PYTHON_TWISTER_IN_PLACE else None  # type: ignore[attr-defined]
@@ -414,6 +392,9 @@ class PythonState(TwisterState):
     def put(self, state: Any) -> None:
         random.setstate(state)
 
+    def gaussian_changed(self, state: Any) -> bool:
+        return state[2] != random.getstate.__self__.gauss_next  # type: ignore[attr-defined, no-any-return]
+
 
 # NumPy >= 1.25 tells which generator numpy.random draws from; CPython's _random.Random keeps
 # `int index; uint32_t state[624]` right after the object header.
@@ -428,12 +409,12 @@ def same_python_state(left: Any, right: Any) -> bool:
     moves the position, and the keys are all remade every 624 draws, so equal positions and first keys mean
     no draw (a chance of 2^-256)."""
     keys = TwisterState.KEYS
-    return left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:keys] == right[1][:keys]
+    return left is right or (left[1][-1] == right[1][-1] and left[2] == right[2] and left[1][:keys] == right[1][:keys])
 
 
 def same_numpy_state(left: Any, right: Any) -> bool:
     """Whether two of NumPy's states, ("MT19937", keys as an array, position, has_gauss, cached_gaussian), are one."""
-    return bool((left[1] == right[1]).all()) and left[2:] == right[2:]
+    return left is right or (bool((left[1] == right[1]).all()) and left[2:] == right[2:])
 
 
 class CpuGenerator(NamedTuple):
@@ -446,11 +427,9 @@ class CpuGenerator(NamedTuple):
     same: Callable[[Any, Any], bool]
 
 
-# torch.default_generator's methods, not torch.manual_seed (it also seeds every GPU, 100x slower), nor
-# torch.get_rng_state and set_rng_state (a call of Python's more, and a check of the state's type).
-_torch = torch.default_generator
+# torch.default_generator.manual_seed, not torch.manual_seed: that one also seeds every GPU, 100x slower.
 CPU_GENERATORS = {
-    "torch": CpuGenerator(_torch.get_state, _torch.manual_seed, _torch.set_state, torch.equal),
+    "torch": CpuGenerator(torch.get_rng_state, torch.default_generator.manual_seed, torch.set_rng_state, torch.equal),
     "python": CpuGenerator(_python_state.get, random.seed, _python_state.set, same_python_state),
 }
 if numpy:
@@ -488,29 +467,16 @@ def callers_generators_kept() -> Iterator[None]:
 
 def moved_since(states: dict[str, Any], names: Iterable[str]) -> set[str]:
     """Those of the generators `names` that drew since they had `states`."""
-    drawn = set()
-    for name in names:
-        generator = CPU_GENERATORS[name]
-        now = generator.read()  # an unmoved twister's: the very state read before
-        if now is not states[name] and not generator.same(now, states[name]):
-            drawn.add(name)
-    return drawn
+    now = generator_states(names)
+    return {name for name in names if not CPU_GENERATORS[name].same(now[name], states[name])}
 
 
 def sample_seeds(seed: int, epoch: int, positions: Iterable[int]) -> list[int]:
     """The seeds of the samples at `positions` of `epoch`, 32 bits each: torch's CPU generator and NumPy's
     use no more of a seed. Two positions of an epoch (below 2^32) never get the same seed, nor does one
     position in two epochs: the position, XOR-ed with a key of --seed and the epoch, times an odd number."""
-    key = sample_key(seed, epoch)
-    return [((position ^ key) * SEED_FACTOR) & 0xFFFFFFFF for position in positions]
-
-
-SEED_FACTOR = 0x9E3779B1  # odd: multiplying by it modulo 2^32 is one-to-one
-
-
-def sample_key(seed: int, epoch: int) -> int:
-    """The key of --seed and an epoch that sample_seeds XORs positions with."""
-    return _mix32((seed * 1_000_003 + epoch) & 0xFFFFFFFF)
+    key = _mix32((seed * 1_000_003 + epoch) & 0xFFFFFFFF)
+    return [((position ^ key) * 0x9E3779B1) & 0xFFFFFFFF for position in positions]
 
 
 def _mix32(value: int) -> int:
