@@ -278,8 +278,6 @@ class Unmoved:
 def test_a_draw_that_leaves_the_generator_position_unchanged_is_seen(sampling, kind):
     # SeededSamples does not copy NumPy's whole state for every batch, nor compare Python's whole key
     # array: these draws must be seen all the same, and seeded like any other.
-    import random
-
     import numpy
 
     samples = sampling.SeededSamples(Unmoved(kind), seed=7)
